@@ -1,0 +1,82 @@
+"""The few domain exceptions specrun raises, and the exit code each maps to.
+
+Exit codes (documented in the README and in ``specrun --help``):
+
+* 0 - success (for ``check-pair``: compatible and fits)
+* 1 - the request is valid but cannot be satisfied (incompatible pair, does not fit,
+  prompt longer than the context)
+* 2 - usage error (a bad flag or value)
+* 3 - an input cannot be read (missing file, not GGUF, corrupt GGUF, unknown model,
+  invalid registry)
+* 130 / 143 - interrupted by SIGINT / SIGTERM
+
+The CLI turns these into a one-line message at exactly one place (``specrun.cli.main``).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class SpecrunError(Exception):
+    """Base class: ``str(err)`` is the one-line message shown to the user."""
+
+    exit_code = EXIT_FAIL
+
+    def __init__(self, message: str, fix: str | None = None):
+        self.message = message
+        self.fix = fix
+        super().__init__(message if not fix else f"{message}; {fix}")
+
+
+class UsageError(SpecrunError):
+    """A flag or value the user gave is invalid."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(SpecrunError):
+    """An input (model file, registry, prompt file) cannot be read."""
+
+    exit_code = EXIT_INPUT
+
+
+class BadModelFile(InputError):
+    """A file is not a well-formed GGUF file."""
+
+
+class UnknownModel(InputError):
+    """A model name is neither a registry entry, an alias nor a path."""
+
+
+class RegistryError(InputError):
+    """models.toml is malformed or invalid."""
+
+
+class IncompatiblePair(SpecrunError):
+    """The target and draft cannot be used together."""
+
+    exit_code = EXIT_FAIL
+
+
+class DoesNotFit(SpecrunError):
+    """The models do not fit in the available memory."""
+
+    exit_code = EXIT_FAIL
+
+
+class PromptTooLong(SpecrunError):
+    """The prompt does not fit in the context."""
+
+    exit_code = EXIT_FAIL
+
+
+class BackendError(SpecrunError):
+    """llama.cpp refused to load or run a model."""
+
+    exit_code = EXIT_FAIL

@@ -1,0 +1,182 @@
+"""What a GGUF header says about a model, as plain numbers: no weights are loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .gguf_header import GGUFHeader, read_header
+
+try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
+    from gguf import LlamaFileType
+except ImportError:  # pragma: no cover - very old gguf
+    LlamaFileType = None  # type: ignore[assignment]
+
+# bytes per element of llama.cpp's KV-cache types (--cache-type-k/-v)
+CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+@dataclass
+class ModelInfo:
+    path: Path
+    file_size: int
+    architecture: str
+    name: str
+    n_params: int
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: int
+    n_head_kv: list[int]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    sliding_window: int | None
+    quant: str
+    weights_bytes: int
+    tokenizer_model: str
+    tokenizer_pre: str | None
+    tokens: Any  # Sequence[str]; a StringArray for real files
+    token_types: Any
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    pad_id: int | None
+    add_bos: bool | None
+    add_eos: bool | None
+    chat_template: str | None
+    header: GGUFHeader
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def kv_bytes_per_token(self, cache_type: str = "f16") -> int:
+        """KV-cache bytes one context position costs across all layers."""
+        per = CACHE_TYPE_BYTES[cache_type]
+        elems = sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
+        return int(elems * per)
+
+    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
+        return self.kv_bytes_per_token(cache_type) * n_ctx
+
+    def special_tokens(self) -> dict[str, Any]:
+        def show(i):
+            if i is None:
+                return None
+            text = self.tokens[i] if 0 <= i < self.n_vocab else "<out of range>"
+            return {"id": i, "text": text}
+
+        return {
+            "bos": show(self.bos_id),
+            "eos": show(self.eos_id),
+            "eot": show(self.eot_id),
+            "pad": show(self.pad_id),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "file_size": self.file_size,
+            "architecture": self.architecture,
+            "name": self.name,
+            "n_params": self.n_params,
+            "n_layer": self.n_layer,
+            "n_ctx_train": self.n_ctx_train,
+            "n_embd": self.n_embd,
+            "n_head": self.n_head,
+            "n_head_kv": self.n_head_kv[0] if len(set(self.n_head_kv)) == 1 else self.n_head_kv,
+            "head_dim": self.head_dim_k,
+            "n_ff": self.n_ff,
+            "quant": self.quant,
+            "weights_bytes": self.weights_bytes,
+            "tokenizer": {
+                "model": self.tokenizer_model,
+                "pre": self.tokenizer_pre,
+                "n_vocab": self.n_vocab,
+                "add_bos": self.add_bos,
+                "add_eos": self.add_eos,
+                "special": self.special_tokens(),
+            },
+            "chat_template": self.chat_template is not None,
+            "kv_bytes_per_1k_ctx": self.kv_bytes(1024),
+        }
+
+
+def _int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return None
+
+
+def quant_name(header: GGUFHeader) -> str:
+    ft = header.get("general.file_type")
+    if ft is not None and LlamaFileType is not None:
+        try:
+            return LlamaFileType(int(ft)).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    # fall back to the most common type among the 2-D weights
+    counts: dict[str, int] = {}
+    for t in header.tensors:
+        if len(t.shape) >= 2:
+            counts[t.type_name] = counts.get(t.type_name, 0) + t.nbytes
+    return max(counts, key=counts.get) if counts else "unknown"
+
+
+def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
+    h = path_or_header if isinstance(path_or_header, GGUFHeader) else read_header(path_or_header)
+    arch = str(h.get("general.architecture", "unknown"))
+
+    def a(key: str, default: Any = None) -> Any:
+        return h.get(f"{arch}.{key}", default)
+
+    n_layer = _int(a("block_count")) or 0
+    n_embd = _int(a("embedding_length")) or 0
+    raw_head = a("attention.head_count", 0)
+    n_head = int(np.max(raw_head)) if isinstance(raw_head, np.ndarray) else (_int(raw_head) or 0)
+    raw_kv = a("attention.head_count_kv", n_head)
+    if isinstance(raw_kv, np.ndarray):
+        n_head_kv = [int(x) for x in raw_kv[:n_layer]]
+    else:
+        n_head_kv = [_int(raw_kv) or n_head] * n_layer
+    head_dim = n_embd // n_head if n_head else 0
+    tokens = h.get("tokenizer.ggml.tokens", [])
+    ff = a("feed_forward_length", 0)
+    return ModelInfo(
+        path=h.path,
+        file_size=h.file_size,
+        architecture=arch,
+        name=str(h.get("general.name", h.path.stem)),
+        n_params=sum(t.n_elements for t in h.tensors),
+        n_layer=n_layer,
+        n_ctx_train=_int(a("context_length")) or 0,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=_int(a("attention.key_length")) or head_dim,
+        head_dim_v=_int(a("attention.value_length")) or head_dim,
+        n_ff=int(np.max(ff)) if isinstance(ff, np.ndarray) else (_int(ff) or 0),
+        sliding_window=_int(a("attention.sliding_window")),
+        quant=quant_name(h),
+        weights_bytes=sum(t.nbytes for t in h.tensors),
+        tokenizer_model=str(h.get("tokenizer.ggml.model", "none")),
+        tokenizer_pre=h.get("tokenizer.ggml.pre"),
+        tokens=tokens,
+        token_types=h.get("tokenizer.ggml.token_type"),
+        bos_id=_int(h.get("tokenizer.ggml.bos_token_id")),
+        eos_id=_int(h.get("tokenizer.ggml.eos_token_id")),
+        eot_id=_int(h.get("tokenizer.ggml.eot_token_id")),
+        pad_id=_int(h.get("tokenizer.ggml.padding_token_id")),
+        add_bos=h.get("tokenizer.ggml.add_bos_token"),
+        add_eos=h.get("tokenizer.ggml.add_eos_token"),
+        chat_template=h.get("tokenizer.chat_template"),
+        header=h,
+    )

@@ -1,0 +1,236 @@
+"""models.toml: the registry of named models, their aliases and default drafts.
+
+An entry::
+
+    [models."qwen-1.5b"]        # quote names that contain dots
+    path = "${SPECRUN_MODELS_DIR:-~/.cache/specrun/models}/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    aliases = ["demo"]          # optional
+    draft = "qwen-0.5b"         # optional: the default draft for this target
+    sha256 = "cc32..."          # optional: checked by `specrun models --verify`
+    source = "how to get it"    # optional: shown when the file is missing
+    notes = "free text"         # optional
+
+Paths: ``~``, ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` are expanded (never evaluated by a
+shell); a relative path resolves against the folder of the toml file that names it.
+
+Files: the packaged registry, then one user file laid over it: ``--registry FILE``, else
+``$SPECRUN_REGISTRY``, else ``$XDG_CONFIG_HOME/specrun/models.toml`` (``~/.config/...``) if it
+exists. A user entry replaces a packaged entry of the same name; a user alias shadows a
+packaged one. Unknown keys, and one alias on two entries of the same file, are errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import RegistryError, UnknownModel
+
+ALLOWED_KEYS = {"path", "aliases", "draft", "sha256", "source", "notes"}
+_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+
+def expand(text: str, base: Path, env: dict | None = None) -> Path:
+    """Expand ~ and $VARS (with ${VAR:-default}) and resolve against ``base``. No shell."""
+    env = os.environ if env is None else env
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env and (env[name] or m.group(2) is None):
+            return env[name]
+        if m.group(2) is not None:
+            return m.group(2)
+        return m.group(0)
+
+    p = Path(os.path.expanduser(_VAR.sub(sub, text)))
+    p = Path(os.path.expanduser(str(p)))  # a default may itself start with ~
+    return p if p.is_absolute() else (base / p)
+
+
+@dataclass
+class Entry:
+    name: str
+    path: Path
+    aliases: list[str] = field(default_factory=list)
+    draft: str | None = None
+    sha256: str | None = None
+    source: str | None = None
+    notes: str | None = None
+    origin: Path | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "aliases": self.aliases,
+            "draft": self.draft,
+            "sha256": self.sha256,
+            "source": self.source,
+            "notes": self.notes,
+            "origin": str(self.origin) if self.origin else None,
+        }
+
+
+@dataclass
+class Resolved:
+    """A model named on the command line: a registry entry or a bare path."""
+
+    path: Path
+    entry: Entry | None = None
+
+    @property
+    def label(self) -> str:
+        return self.entry.name if self.entry else self.path.name
+
+
+def packaged_registry_path() -> Path:
+    return Path(str(resources.files("specrun").joinpath("models.toml")))
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "specrun" / "models.toml"
+
+
+def _load_file(path: Path) -> dict[str, Entry]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RegistryError(f"registry file not found: {path}", "check --registry / SPECRUN_REGISTRY") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RegistryError(f"cannot read registry {path}: {e}", "check the file") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RegistryError(f"{path} is not valid TOML: {e}", "fix that line") from None
+    extra = set(data) - {"models"}
+    if extra:
+        raise RegistryError(
+            f"{path}: unknown top-level key(s) {', '.join(sorted(extra))}",
+            "entries go under [models.NAME]",
+        )
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise RegistryError(f"{path}: 'models' must be a table", "write entries as [models.NAME]")
+    base = path.parent
+    entries: dict[str, Entry] = {}
+    alias_owner: dict[str, str] = {}
+    for name, raw in models.items():
+        where = f"{path}: [models.{name}]"
+        if not isinstance(raw, dict):
+            raise RegistryError(f"{where} must be a table", "write it as [models.NAME] with path = ...")
+        unknown = set(raw) - ALLOWED_KEYS
+        nested = [k for k in unknown if isinstance(raw[k], dict)]
+        if nested:
+            raise RegistryError(
+                f"{where} is split at a dot into sub-tables ({', '.join(sorted(nested))})",
+                f'quote a name that contains dots: [models."{name}.{nested[0]}"]',
+            )
+        if unknown:
+            raise RegistryError(
+                f"{where} has unknown key(s) {', '.join(sorted(unknown))}",
+                f"allowed keys are {', '.join(sorted(ALLOWED_KEYS))}",
+            )
+        if not isinstance(raw.get("path"), str) or not raw["path"]:
+            raise RegistryError(f"{where} needs a path = \"...\" string", "add the .gguf path")
+        aliases = raw.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+            raise RegistryError(f"{where}: aliases must be a list of strings", 'e.g. aliases = ["8b"]')
+        for key in ("draft", "sha256", "source", "notes"):
+            if key in raw and not isinstance(raw[key], str):
+                raise RegistryError(f"{where}: {key} must be a string", f'write {key} = "..."')
+        sha = raw.get("sha256")
+        if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+            raise RegistryError(f"{where}: sha256 must be 64 hex digits", "copy it from sha256sum")
+        for a in [name, *aliases]:
+            if a in alias_owner and alias_owner[a] != name:
+                raise RegistryError(
+                    f"{path}: the name {a!r} is used by both [models.{alias_owner[a]}] and [models.{name}]",
+                    "give each alias to one entry only",
+                )
+            alias_owner[a] = name
+        entries[name] = Entry(
+            name=name,
+            path=expand(raw["path"], base),
+            aliases=list(aliases),
+            draft=raw.get("draft"),
+            sha256=sha.lower() if sha else None,
+            source=raw.get("source"),
+            notes=raw.get("notes"),
+            origin=path,
+        )
+    return entries
+
+
+class Registry:
+    def __init__(self, entries: dict[str, Entry], files: list[Path]):
+        self.entries = entries
+        self.files = files
+        self._names: dict[str, str] = {}
+        # packaged entries first, so a user file's names shadow them
+        for e in entries.values():
+            for n in (e.name, *e.aliases):
+                self._names[n.lower()] = e.name
+        for e in entries.values():  # canonical names always win over aliases
+            self._names[e.name.lower()] = e.name
+
+    @classmethod
+    def load(cls, user_file: str | os.PathLike | None = None) -> Registry:
+        files = [packaged_registry_path()]
+        if user_file:
+            files.append(Path(user_file))
+        elif os.environ.get("SPECRUN_REGISTRY"):
+            files.append(Path(os.environ["SPECRUN_REGISTRY"]))
+        elif user_config_path().exists():
+            files.append(user_config_path())
+        entries: dict[str, Entry] = {}
+        for f in files:
+            layer = _load_file(f)
+            if entries:  # a user file: its names shadow packaged aliases
+                taken = {n for e in layer.values() for n in (e.name, *e.aliases)}
+                for e in entries.values():
+                    e.aliases = [a for a in e.aliases if a not in taken]
+            entries.update(layer)
+        return cls(entries, files)
+
+    def get(self, name: str) -> Entry | None:
+        key = self._names.get(name.lower())
+        return self.entries[key] if key else None
+
+    def resolve(self, name: str) -> Resolved:
+        """A registry name or alias, or a path to a .gguf file."""
+        entry = self.get(name)
+        if entry is not None:
+            return Resolved(entry.path, entry)
+        looks_like_path = name.endswith(".gguf") or os.sep in name or "/" in name
+        p = Path(os.path.expanduser(name))
+        if looks_like_path or p.exists():
+            return Resolved(p.resolve() if p.exists() else p)
+        choices = sorted(self._names)
+        close = difflib.get_close_matches(name.lower(), choices, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "run `specrun models` to list names"
+        raise UnknownModel(f"unknown model {name!r}: not a registry name, alias or .gguf path", hint)
+
+    def default_draft(self, target: Resolved) -> Resolved | None:
+        if target.entry and target.entry.draft:
+            return self.resolve(target.entry.draft)
+        return None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
