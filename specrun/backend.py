@@ -1,0 +1,277 @@
+"""The only module that touches llama_cpp: load a model, decode batches, read logits, roll back.
+
+Everything goes through llama.cpp's batch API: one ``llama_batch`` per model, allocated once
+with the capacity of ``n_batch`` and reused; per-row logits flags, so only the rows the engine
+asks for produce logits (never an n_ctx x n_vocab buffer); ``llama_memory_seq_rm`` to roll
+the KV cache back. :meth:`Model.rollback` is the one place positions move backwards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as ll
+
+from .errors import BackendError
+
+_OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_LOG_LEVEL_ERROR = 4
+
+
+class _Log:
+    """llama.cpp's log, captured: kept quiet unless verbose, errors kept for messages."""
+
+    def __init__(self):
+        self.verbose = False
+        self.lines: deque[str] = deque(maxlen=400)
+        self.errors: deque[str] = deque(maxlen=20)
+        self.lock = threading.Lock()
+        self._cb = ll.llama_log_callback(self._on_log)  # keep a reference: C holds the pointer
+        ll.llama_log_set(self._cb, ctypes.c_void_p(0))
+
+    def _on_log(self, level, text, _user):
+        s = text.decode("utf-8", errors="replace") if text else ""
+        with self.lock:
+            self.lines.append(s)
+            if level == _LOG_LEVEL_ERROR:
+                self.errors.append(s.strip())
+        if self.verbose:
+            import sys
+
+            sys.stderr.write(s)
+
+    def mark(self) -> int:
+        with self.lock:
+            self.lines.clear()
+            self.errors.clear()
+        return 0
+
+    def since_mark(self) -> list[str]:
+        with self.lock:
+            return list(self.lines)
+
+
+_log: _Log | None = None
+_batches_live = [0]  # llama_batch_init minus llama_batch_free, for leak checks
+
+
+def live_batches() -> int:
+    return _batches_live[0]
+_init_lock = threading.Lock()
+
+
+def _ensure_init(verbose: bool = False) -> _Log:
+    global _log
+    with _init_lock:
+        if _log is None:
+            ll.llama_backend_init()
+            _log = _Log()
+        _log.verbose = verbose
+        return _log
+
+
+def version() -> str:
+    return getattr(ll, "__version__", "unknown")
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1  # -1: every layer
+    n_threads: int = 2
+    n_batch: int = 512
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class Offload:
+    layers: int  # offloaded, as llama.cpp reports it
+    total: int  # n_layer + 1 (the output layer counts)
+    reported: bool  # False: the build never printed the line (a CPU-only build)
+
+
+class Model:
+    """A loaded GGUF model with one context and one sequence."""
+
+    def __init__(self, path: str | Path, opts: LoadOptions):
+        log = _ensure_init(opts.verbose)
+        self.path = Path(path)
+        self.opts = opts
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        log.mark()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = 10_000 if opts.n_gpu_layers < 0 else opts.n_gpu_layers
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self._model:
+            why = "; ".join(log.errors) or "llama.cpp could not load it"
+            raise BackendError(f"cannot load {self.path.name}: {why}", "run `specrun inspect` on it")
+        lines = log.since_mark()
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = opts.n_ctx
+        cp.n_batch = opts.n_batch
+        cp.n_ubatch = opts.n_batch
+        cp.n_threads = opts.n_threads
+        cp.n_threads_batch = opts.n_threads
+        cp.no_perf = True
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            self.close()
+            why = "; ".join(log.errors) or "out of memory?"
+            raise BackendError(
+                f"cannot create a {opts.n_ctx}-token context for {self.path.name}: {why}",
+                "lower -c or --gpu-layers",
+            )
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self._batch = ll.llama_batch_init(opts.n_batch, 0, 1)
+        _batches_live[0] += 1
+        self.tokens: list[int] = []  # what the KV cache holds; changed only by eval/rollback/reset
+        self.offload = self._parse_offload(lines)
+        self.load_log = log.since_mark()  # llama.cpp's lines from loading and context creation
+        self._eog = {t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    @staticmethod
+    def _parse_offload(lines: list[str]) -> Offload:
+        for s in lines:
+            m = _OFFLOAD_RE.search(s)
+            if m:
+                return Offload(int(m.group(1)), int(m.group(2)), True)
+        return Offload(0, 0, False)
+
+    # --- vocabulary -------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
+        if n < 0:
+            big = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, big, -n, 0, special)
+            return big.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return b"".join(self.piece(t) for t in tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
+
+    # --- decoding ---------------------------------------------------------------------
+
+    def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
+        """Append ``tokens`` to the sequence in one llama_decode per n_batch chunk.
+
+        ``logits`` is "last" (one row), "all" (one row per token) or "none". Returns a
+        (rows, n_vocab) float32 view into llama.cpp's buffer, valid until the next eval.
+        """
+        if not tokens:
+            raise ValueError("eval() needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(
+                f"context full: {self.n_past} + {len(tokens)} tokens exceed -c {self.n_ctx}",
+                "raise -c",
+            )
+        cap = self.opts.n_batch
+        if logits == "all" and len(tokens) > cap:
+            raise ValueError("logits='all' is limited to n_batch tokens")
+        for start in range(0, len(tokens), cap):
+            chunk = tokens[start : start + cap]
+            last_chunk = start + cap >= len(tokens)
+            self._decode(chunk, logits if last_chunk else "none")
+        if logits == "none":
+            return None
+        # flagged rows are contiguous in llama.cpp's output buffer, in batch order
+        last = (len(tokens) - 1) % cap
+        first = 0 if logits == "all" else last
+        ptr = ll.llama_get_logits_ith(self._ctx, first)
+        return np.ctypeslib.as_array(ptr, shape=(last - first + 1, self.n_vocab))
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def _decode(self, tokens: list[int], logits: str) -> None:
+        b = self._batch
+        n = len(tokens)
+        pos0 = self.n_past
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = logits == "all"
+        if logits == "last":
+            b.logits[n - 1] = True
+        b.n_tokens = n
+        rc = ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            # the cache may hold part of the batch: put it back where it was
+            ll.llama_memory_seq_rm(self._mem, 0, pos0, -1)
+            raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower -c")
+        self.tokens.extend(tokens)
+
+    def rollback(self, n_past: int) -> None:
+        """Forget every position >= n_past. The one place positions move backwards."""
+        if n_past >= self.n_past:
+            return
+        if not ll.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+            raise BackendError(
+                f"{self.path.name} cannot roll back its cache (a recurrent or hybrid model)",
+                "speculation needs a transformer target and draft; use --draft none",
+            )
+        del self.tokens[n_past:]
+
+    def reset(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+    # --- lifetime ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+            _batches_live[0] -= 1
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

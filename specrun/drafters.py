@@ -1,0 +1,176 @@
+"""Drafters: whatever guesses the next tokens. One small interface, two implementations.
+
+``propose(tokens, k)`` looks at the whole sequence so far (prompt plus output; its last token
+is not yet in the target's cache) and returns up to ``k`` guesses with the distribution each
+was drawn from (needed for exact sampling). The hybrid choice between them is the
+controller's (see ``control.py``), so there is no third class.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .backend import Model
+from .sampling import Dist, Sampler
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    dists: list[Dist] = field(default_factory=list)  # q_i, the law each token was drawn from
+    continued: bool = False  # n-gram only: the run continues a span that was just accepted
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, k: int) -> Proposal:
+        return Proposal(self.tokens[:k], self.dists[:k], self.continued)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of a and b (at most ``limit``)."""
+    n = min(len(a), len(b))
+    if limit is not None:
+        n = min(n, limit)
+    if a[:n] == b[:n]:
+        return max(n, 0)
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, tokens: list[int], k: int) -> Proposal: ...
+
+
+class ModelDrafter:
+    """Autoregressive drafts from a small model with the target's vocabulary.
+
+    Its KV cache holds a prefix of the sequence (``model.tokens``); each call first re-syncs
+    it with the sequence (rolling back the rejected guesses, evaluating what is new) in one
+    batch, then drafts one token per decode. Drafting stops early when the draft's own
+    top-token probability falls below ``p_split``: it is unsure, the target probably
+    disagrees, and a rejected guess costs draft time and verify width.
+    """
+
+    name = "model"
+
+    def __init__(self, model: Model, sampler: Sampler, rng: np.random.Generator, n_vocab_target: int):
+        self.model = model
+        self.sampler = sampler
+        self.rng = rng
+        self.n_vocab = min(model.n_vocab, n_vocab_target)
+        self.p_split = 0.0
+        self.confidences: list[float] = []  # top-token probability of each token in the last proposal
+
+    def _sync(self, tokens: list[int]) -> np.ndarray:
+        """Make the draft cache hold ``tokens`` and return the logits after the last one."""
+        n = common_prefix(self.model.tokens, tokens, limit=len(tokens) - 1)  # keep the last to evaluate
+        self.model.rollback(n)
+        return self.model.eval(tokens[n:], logits="last")[0]
+
+    def rollback(self, keep: int) -> None:
+        """Forget cached positions >= keep (called by the engine's rollback helper)."""
+        self.model.rollback(keep)
+
+    def measure_token_cost(self, token: int) -> float:
+        """Seconds for one single-token draft decode, measured past the cache, then undone."""
+        base = self.model.n_past
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            self.model.eval([token], logits="last")
+            best = min(best, time.perf_counter() - t)
+            self.model.rollback(base)
+        return best
+
+    def propose(self, tokens: list[int], k: int) -> Proposal:
+        out = Proposal()
+        self.confidences = []
+        room = self.model.n_ctx - len(tokens)
+        k = min(k, room)
+        if k <= 0:
+            return out
+        logits = self._sync(tokens)
+        for i in range(k):
+            row = logits[: self.n_vocab]
+            if self.sampler.greedy:
+                x = int(np.argmax(row))
+                conf = 1.0 / float(np.sum(np.exp(row - row[x])))
+                q = Dist.one_hot(x)
+            else:
+                q = self.sampler.dist(row)
+                x = q.sample(self.rng)
+                conf = q.top[1]
+            if conf < self.p_split and i > 0:
+                break
+            out.tokens.append(x)
+            out.dists.append(q)
+            self.confidences.append(conf)
+            if i + 1 < k:  # the last guess is not evaluated here: the target judges it first
+                logits = self.model.eval([x], logits="last")[0]
+        return out
+
+
+class NgramDrafter:
+    """Prompt lookup: find the longest recent suffix (n in [n_min, n_max]) that occurred
+    earlier in the prompt or output, and propose what followed it. Costs no model time.
+
+    Once a run from a source span is accepted, the next call continues from the same span
+    (``continued=True``) without searching: in code editing and summarising, the output keeps
+    copying the input, so one match pays for hundreds of tokens.
+    """
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 6):
+        if not 1 <= n_min <= n_max:
+            raise ValueError("need 1 <= n_min <= n_max")
+        self.n_min, self.n_max = n_min, n_max
+        self._seen: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest occurrence
+        self._follow: tuple[int, int] | None = None  # (sequence position, source position) of a copy
+
+    def _update(self, tokens: list[int]) -> None:
+        n_old = len(self._seen)
+        if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
+            self._seen, self._index, self._follow, n_old = [], {}, None, 0
+        # index n-grams that end before the current last token (the suffix itself is the query)
+        for end in range(max(n_old, 1), len(tokens)):
+            for n in range(self.n_min, self.n_max + 1):
+                if end - n >= 0:
+                    self._index[tuple(tokens[end - n : end])] = end
+        self._seen = list(tokens)
+
+    def propose(self, tokens: list[int], k: int) -> Proposal:
+        if k <= 0 or len(tokens) < self.n_min + 1:
+            return Proposal()
+        # 1. keep copying the span we were following, if the sequence has kept copying it
+        if self._follow is not None:
+            seq_pos, src_pos = self._follow
+            grown = len(tokens) - seq_pos
+            nxt = src_pos + grown
+            if 0 < grown and nxt < len(tokens) and tokens[seq_pos:] == tokens[src_pos:nxt]:
+                self._update(tokens)
+                run = tokens[nxt : nxt + k]
+                self._follow = (len(tokens), nxt)
+                return Proposal(run, [Dist.one_hot(t) for t in run], continued=True)
+        # 2. otherwise look the longest suffix up
+        self._update(tokens)
+        self._follow = None
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(tokens) <= n:
+                continue
+            start = self._index.get(tuple(tokens[len(tokens) - n :]))
+            if start is not None and start < len(tokens):
+                run = tokens[start : start + k]
+                self._follow = (len(tokens), start)
+                return Proposal(run, [Dist.one_hot(t) for t in run])
+        return Proposal()

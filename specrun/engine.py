@@ -1,0 +1,280 @@
+"""The speculative engine: one round as in the paper, and the loop that runs rounds.
+
+Plain decoding is the same loop with no drafter (K = 0 every round), so every comparison
+(tests, bench) is plain against speculative on identical code.
+
+Invariant between rounds: the target's KV cache holds every token of the sequence but the
+last one, which is still pending (``target.n_past == len(tokens) - 1``). A round feeds that
+token plus K drafts in one decode, keeps what the target agrees with, appends one token of the
+target's own, and rolls the caches back so the invariant holds again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Model
+from .control import Controller, CostModel, Plan, calibrate, now
+from .drafters import ModelDrafter, NgramDrafter, Proposal, common_prefix
+from .errors import PromptTooLong, UsageError
+from .sampling import Sampler, accept_or_resample
+from .stats import RoundStats, RunStats
+
+DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class Settings:
+    draft: str = "hybrid"  # model | ngram | hybrid | none
+    draft_max: int = 16
+    draft_min: int = 1
+    p_split: float = 0.6
+    fixed: bool = False
+    ngram_min: int = 2
+    ngram_max: int = 6
+
+    def __post_init__(self):
+        if self.draft not in DRAFT_MODES:
+            raise UsageError(f"--draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}", "pick one")
+        if self.draft_max < 1:
+            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max}", "use --draft none for no drafting")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise UsageError(
+                f"--draft-min must be in [0, --draft-max={self.draft_max}], got {self.draft_min}", "lower it"
+            )
+        if not 0.0 <= self.p_split <= 1.0:
+            raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}", "e.g. 0.6")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise UsageError("--ngram-min/--ngram-max need 1 <= min <= max", "e.g. 2 and 6")
+
+    @property
+    def sources(self) -> list[str]:
+        return {"model": ["model"], "ngram": ["ngram"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one round adds to the output."""
+
+    tokens: list[int]
+    round: RoundStats
+    stats: RunStats
+
+
+def speculative_round(
+    target: Model,
+    drafter,
+    tokens: list[int],
+    plan: Plan,
+    sampler: Sampler,
+    rng: np.random.Generator,
+    draft_min: int = 1,
+    proposal: Proposal | None = None,
+) -> tuple[list[int], RoundStats, Proposal]:
+    """One round of speculative decoding. Returns the tokens to append and the round's stats."""
+    t0 = now()
+    # Step 1: the drafter proposes up to K tokens (an n-gram proposal may come ready-made)
+    if proposal is None:
+        proposal = drafter.propose(tokens, plan.k) if drafter is not None and plan.k > 0 else Proposal()
+    draft = proposal.cut(plan.k)
+    if len(draft) < max(draft_min, 1):
+        draft = Proposal()  # too short to pay for itself: this round is a plain decode step
+    k = len(draft)
+    t1 = now()
+
+    # Step 2: the target scores the pending token plus all K drafts in ONE decode;
+    # row i holds the target's distribution for the token after draft i-1
+    logits = target.eval([tokens[-1], *draft.tokens], logits="all")
+    t2 = now()
+
+    # Step 3: accept a prefix of the drafts, then append one token of the target's own
+    if sampler.greedy:
+        # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
+        # the first mismatch is the correction (after a full accept, it is the bonus token)
+        best = np.argmax(logits, axis=1)
+        n = 0
+        while n < k and draft.tokens[n] == best[n]:
+            n += 1
+        emitted = [*draft.tokens[:n], int(best[n])]
+    else:
+        # exact speculative sampling: accept x_i with probability min(1, p(x_i)/q(x_i));
+        # on a rejection, resample from norm(max(0, p - q)); after a full accept, draw from p
+        emitted, n = [], 0
+        for i, x in enumerate(draft.tokens):
+            ok, replacement = accept_or_resample(x, sampler.dist(logits[i]), draft.dists[i], rng)
+            if not ok:
+                emitted.append(replacement)
+                break
+            emitted.append(x)
+            n += 1
+        else:
+            emitted.append(sampler.dist(logits[k]).sample(rng))
+    t3 = now()
+
+    # Step 4: both caches forget the rejected drafts
+    rollback(target, drafter, len(tokens) + n)
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2)
+    return emitted, stats, draft
+
+
+def rollback(target: Model, drafter, keep: int) -> None:
+    """The one helper that moves caches back: keep the first ``keep`` positions."""
+    target.rollback(keep)
+    if isinstance(drafter, ModelDrafter):
+        drafter.rollback(keep)
+
+
+class Engine:
+    """A target, its drafters and a controller; keeps the sequence between calls (chat)."""
+
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None,
+        settings: Settings,
+        sampler: Sampler,
+        cost: CostModel | None = None,
+    ):
+        if "model" in settings.sources and draft is None:
+            raise UsageError(f"--draft {settings.draft} needs a draft model", "pass -d DRAFT or use --draft ngram")
+        self.target = target
+        self.settings = settings
+        self.sampler = sampler
+        self.rng = sampler.rng()
+        self.model_drafter = (
+            ModelDrafter(draft, sampler, self.rng, target.n_vocab) if draft is not None and "model" in settings.sources else None
+        )
+        self.ngram = NgramDrafter(settings.ngram_min, settings.ngram_max) if "ngram" in settings.sources else None
+        self.cost = cost if cost is not None else CostModel()
+        self.controller = Controller(
+            settings.sources,
+            draft_min=settings.draft_min,
+            draft_max=settings.draft_max,
+            p_split=settings.p_split,
+            fixed=settings.fixed,
+            cost=self.cost,
+        )
+        self.tokens: list[int] = []  # the sequence: the target's cache holds all but the last
+
+    # --- the sequence -------------------------------------------------------------------
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the target's cache hold ``prompt[:-1]``, reusing the common prefix with what
+        it already holds. Returns how many tokens were evaluated."""
+        if not prompt:
+            raise UsageError("the prompt is empty", "pass some text with -p, --prompt-file or stdin")
+        if len(prompt) > self.target.n_ctx:
+            raise PromptTooLong(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}",
+                f"use -c {_round_up(len(prompt) + 256)} or a shorter prompt",
+            )
+        n = common_prefix(self.target.tokens, prompt, limit=len(prompt) - 1)
+        rollback(self.target, self.model_drafter, n)
+        todo = prompt[n:-1]
+        if todo:
+            self.target.eval(todo, logits="none")
+        self.tokens = list(prompt)
+        return len(todo) + 1  # the pending last token is evaluated by the first round
+
+    def reset(self) -> None:
+        self.target.reset()
+        if self.model_drafter is not None:
+            self.model_drafter.model.reset()
+        self.tokens = []
+
+    def calibrate(self) -> CostModel:
+        """Measure the target's verify cost by batch size (and the draft's per-token cost)
+        at the current position, leaving both caches as they were."""
+        base = self.target.n_past
+        pad = self.tokens[-1] if self.tokens else 0
+        room = self.target.n_ctx - base
+
+        def measure(b: int) -> float:
+            t = now()
+            self.target.eval([pad] * b, logits="all")
+            dt = now() - t
+            self.target.rollback(base)
+            return dt
+
+        sizes = [b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if b <= min(room, self.settings.draft_max + 1)]
+        cal = calibrate(measure, sizes)
+        self.cost.verify.update(cal.verify)
+        if self.model_drafter is not None and self.model_drafter.model.n_ctx > self.model_drafter.model.n_past:
+            self.cost.draft_per_token = self.model_drafter.measure_token_cost(pad)
+        return self.cost
+
+    # --- generation ---------------------------------------------------------------------
+
+    def generate(self, prompt: list[int], max_tokens: int, stop: threading.Event | None = None) -> Iterator[Step]:
+        """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``."""
+        stats = RunStats()
+        t0 = now()
+        stats.n_prompt_tokens = self.prefill(prompt)
+        stats.prompt_s = now() - t0
+        tokens = self.tokens
+        t_start = now()
+        reason = None
+        try:
+            while reason is None:
+                if stop is not None and stop.is_set():
+                    reason = "interrupted"
+                    break
+                remaining = max_tokens - stats.n_generated
+                room = self.target.n_ctx - len(tokens)  # a round needs len(tokens) + K <= n_ctx
+                if remaining <= 0:
+                    reason = "length"
+                    break
+                if room < 0:
+                    reason = "context"
+                    break
+                plan, proposal = self._plan(tokens, min(room, remaining - 1))
+                emitted, rnd, draft = speculative_round(
+                    self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
+                    self.settings.draft_min, proposal,
+                )
+                self.controller.observe(
+                    plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s,
+                    self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,
+                    draft.continued,
+                )
+                for i, t in enumerate(emitted):
+                    if self.target.is_eog(t):
+                        emitted = emitted[: i + 1]
+                        reason = "stop"
+                        break
+                tokens.extend(emitted)
+                if reason == "stop":  # drop any accepted tokens past the end of generation
+                    rollback(self.target, self.model_drafter, min(self.target.n_past, len(tokens) - 1))
+                rnd = RoundStats(rnd.source, rnd.drafted, rnd.accepted, len(emitted), rnd.draft_s, rnd.verify_s, rnd.sample_s)
+                stats.add(rnd)
+                stats.wall_s = now() - t_start
+                yield Step(emitted, rnd, stats)
+        finally:
+            stats.wall_s = now() - t_start
+            stats.finish_reason = reason or "interrupted"
+
+    def _plan(self, tokens: list[int], room: int) -> tuple[Plan, Proposal | None]:
+        proposal = self.ngram.propose(tokens, max(0, min(room, self.settings.draft_max))) if self.ngram else None
+        plan = self.controller.plan(
+            ngram_available=len(proposal) if proposal is not None else 0,
+            ngram_continued=bool(proposal and proposal.continued),
+            room=room,
+        )
+        if plan.source == "model" and self.model_drafter is not None:
+            self.model_drafter.p_split = plan.p_split
+        return plan, proposal if plan.source == "ngram" else None
+
+    def _drafter(self, plan: Plan):
+        if plan.source == "model":
+            return self.model_drafter
+        if plan.source == "ngram":
+            return self.ngram
+        return self.model_drafter  # plain step: still passed so rollback keeps the draft in step
+
+
+def _round_up(n: int, to: int = 512) -> int:
+    return -(-n // to) * to
