@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -43,8 +44,6 @@ class _Log:
             if level == _LOG_LEVEL_ERROR:
                 self.errors.append(s.strip())
         if self.verbose:
-            import sys
-
             sys.stderr.write(s)
 
     def mark(self) -> int:
@@ -135,10 +134,12 @@ class Model:
                 "lower -c or --gpu-layers",
             )
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
+        self.n_batch = max(1, min(opts.n_batch, int(ll.llama_n_batch(self._ctx))))
         self._mem = ll.llama_get_memory(self._ctx)
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
-        self._batch = ll.llama_batch_init(opts.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         _batches_live[0] += 1
         self.tokens: list[int] = []  # what the KV cache holds; changed only by eval/rollback/reset
         self.offload = self._parse_offload(lines)
@@ -196,7 +197,7 @@ class Model:
                 f"context full: {self.n_past} + {len(tokens)} tokens exceed -c {self.n_ctx}",
                 "raise -c",
             )
-        cap = self.opts.n_batch
+        cap = self.n_batch
         if logits == "all" and len(tokens) > cap:
             raise ValueError("logits='all' is limited to n_batch tokens")
         for start in range(0, len(tokens), cap):

@@ -231,7 +231,7 @@ class Engine:
                 if room < 0:
                     reason = "context"
                     break
-                plan, proposal = self._plan(tokens, min(room, remaining - 1))
+                plan, proposal = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
                 emitted, rnd, draft = speculative_round(
                     self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
                     self.settings.draft_min, proposal,

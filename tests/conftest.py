@@ -1,0 +1,54 @@
+"""Test fixtures: an isolated config/cache per test, tiny generated models, the demo pair."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+DEMO_FILES = {
+    "target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    "draft": "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+}
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """No test reads or writes the user's registry or cost cache."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECRUN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECRUN_REGISTRY", raising=False)
+    monkeypatch.delenv("SPECRUN_DEBUG", raising=False)
+    monkeypatch.setenv("SPECRUN_MODELS_DIR", str(models_dir()))
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """The generated tiny models, by variant name (see tests/tiny_models.py)."""
+    from tiny_models import build_all
+
+    return build_all(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def demo() -> dict[str, Path]:
+    """The real demo models. Missing files fail the test (CI fetches them first), unless
+    SPECRUN_SKIP_DEMO=1 is set, which skips and says so."""
+    paths = {k: models_dir() / v for k, v in DEMO_FILES.items()}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        if os.environ.get("SPECRUN_SKIP_DEMO") == "1":
+            pytest.skip("demo models not fetched (SPECRUN_SKIP_DEMO=1)")
+        pytest.fail(f"demo models missing: {missing}; run scripts/fetch-demo-models.sh --all")
+    return paths

@@ -1,0 +1,91 @@
+"""check-pair's rules on the tiny variants, and the memory estimate against llama.cpp."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from specrun.backend import LoadOptions, Model
+from specrun.compat import check_vocab
+from specrun.memory import Gpu, GpuQuery, check_fit, estimate
+from specrun.modelinfo import model_info
+from specrun.pair import check_pair
+
+GiB = 2**30
+
+
+def failed(t, d) -> set[str]:
+    return {c.name for c in check_vocab(model_info(t), model_info(d)).failures}
+
+
+@pytest.mark.parametrize("variant", ["draft-copy", "draft-perturbed", "draft-unrelated", "draft-small", "vocab-plus100"])
+def test_compatible_variants(tiny, variant):
+    assert failed(tiny["target"], tiny[variant]) == set()
+
+
+def test_one_changed_token_text_is_named(tiny):
+    r = check_vocab(model_info(tiny["target"]), model_info(tiny["vocab-changed"]))
+    assert not r.compatible
+    (c,) = r.failures
+    assert c.name == "token texts"
+    m = re.search(r"id (\d+): '(.*?)' vs '(.*?)'", c.detail)
+    assert m and int(m.group(1)) > 5 and m.group(2) != m.group(3)
+
+
+def test_eos_change_and_other_family(tiny):
+    assert failed(tiny["target"], tiny["eos-changed"]) == {"EOS id"}
+    other = failed(tiny["target"], tiny["other-family"])
+    assert "tokenizer model" in other and "token texts" in other
+
+
+def test_vocab_size_rule_is_128(tiny):
+    t = model_info(tiny["target"])
+    d = model_info(tiny["vocab-plus100"])
+    assert d.n_vocab - t.n_vocab == 100
+    # the same rule with 129 extra tokens fails: simulate by trimming the target's list
+    t.tokens = list(t.tokens)[: d.n_vocab - 129]
+    assert "vocab size" in {c.name for c in check_vocab(t, d).failures}
+
+
+def test_kv_estimate_matches_llama_cpp(tiny):
+    n_ctx = 1024
+    m = model_info(tiny["target"])
+    with Model(tiny["target"], LoadOptions(n_ctx=n_ctx, n_threads=2)) as model:
+        log = "".join(model.load_log)
+    size = re.search(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells", log)
+    assert size, log[-2000:]
+    reported = float(size.group(1)) * 2**20
+    cells = size
+    ours = m.kv_bytes(int(cells.group(2)))
+    assert int(cells.group(2)) == n_ctx
+    assert abs(ours - reported) <= 0.01 * 2**20  # llama.cpp prints MiB with 2 decimals
+
+
+def test_fit_against_fake_gpus(tiny):
+    m = model_info(tiny["target"])
+    mems = [estimate(m, "target", 4096, -1), estimate(m, "draft", 4096, -1)]
+    need = sum(x.on_gpu for x in mems)
+    two = GpuQuery([Gpu(0, "RTX 4090", 24 * GiB, need // 2 + GiB), Gpu(1, "RTX 4090", 24 * GiB, need // 2 + GiB)], driver="555.0")
+    fit = check_fit(mems, two, available_ram=64 * GiB)
+    assert fit.device == "cuda" and fit.fits
+    assert sum(fit.per_gpu_need) == pytest.approx(need, abs=2)
+    small = GpuQuery([Gpu(0, "tiny", GiB, need // 2)], driver="555.0")
+    assert not check_fit(mems, small, available_ram=64 * GiB).fits
+    # partial offload moves the rest to RAM
+    part = estimate(m, "target", 4096, 1)
+    assert 0 < part.on_gpu < part.total and part.on_host > 0
+
+
+def test_no_gpu_checks_system_ram(tiny):
+    m = model_info(tiny["target"])
+    mems = [estimate(m, "target", 4096, -1)]
+    fit = check_fit(mems, GpuQuery([], problem="no NVIDIA driver"), available_ram=8 * GiB)
+    assert fit.device == "cpu" and fit.fits and "system RAM" in fit.note
+    assert not check_fit(mems, GpuQuery([], problem="x"), available_ram=1024).fits
+
+
+def test_check_pair_suggests_matching_drafts(tiny):
+    r = check_pair(tiny["target"], tiny["other-family"], candidates={"small": tiny["draft-small"], "other": tiny["other-family"]}, gpu_query=GpuQuery([], problem="none"))
+    assert not r.compat.compatible
+    assert r.suggestions == ["small"]
