@@ -23,7 +23,11 @@ confidence bin.
 
 K = 0 is a valid outcome. A source not chosen for a while is probed with a short draft, at an
 interval that doubles after each probe that does not win (16 rounds up to 256), in case
-things change.
+things change. The draft model is only drafted or probed while it *could* pay: with an
+optimistic acceptance (``max(0.9, measured)`` at every position) its best rate must beat
+plain decoding by 5%. Where verifying is nearly as dear per token as decoding and the draft
+costs half the target (a CPU), it cannot, so it is never run and its cache never has to
+catch up; on a GPU it easily can.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EWMA = 0.08
+OPTIMISTIC_ACCEPTANCE = 0.9
+MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
 CONF_BINS = 10
 
@@ -188,6 +194,8 @@ class Controller:
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
+        if not self.fixed and "model" in usable and not self.model_can_pay(lengths["model"]):
+            usable.remove("model")
         if self.fixed:
             if not usable:
                 return Plan("none", 0)
@@ -213,6 +221,16 @@ class Controller:
         if best.source in self.idle:
             self.idle[best.source] = 0
         return best
+
+    def model_can_pay(self, k_max: int) -> bool:
+        """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
+        saved = self.acc["model"]
+        self.acc["model"] = [max(OPTIMISTIC_ACCEPTANCE, a) for a in saved]
+        try:
+            k, rate = self.best_k("model", "model", k_max)
+        finally:
+            self.acc["model"] = saved
+        return k > 0 and rate > MODEL_MARGIN / self.cost.verify_cost(1)
 
     def _p_split(self, k: int) -> float:
         """The lowest confidence whose measured acceptance still pays for the extra token."""

@@ -35,10 +35,24 @@ def simulate(curve, draft_cost, accept, sources=("model",), rounds=400, seed=0, 
 def test_expensive_verify_and_draft_choose_plain_decoding():
     # this CPU: a 0.5B draft costs half the target, 4 tokens verify at 2.4x one
     chosen = simulate(CPU_CURVE, draft_cost=0.5 / 30, accept=0.85)
-    plain = sum(1 for s, k, probe in chosen if k == 0)
-    assert plain / len(chosen) > 0.9
-    # and it keeps probing now and then, in case things change
+    # even a 90%-accepted draft could not pay here, so the draft model is never run at all
+    assert all(k == 0 for _, k, _ in chosen)
+
+
+def test_the_draft_model_comes_back_when_costs_change():
+    cost = CostModel(dict(CPU_CURVE), draft_per_token=0.5 / 30)
+    ctrl = Controller(["ngram", "model"], draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=cost)
+    assert ctrl.plan(room=100).source == "none"
+    cost.verify = dict(GPU_CURVE)  # say the user moved the models to a GPU
+    cost.draft_per_token = 0.002
+    plan = ctrl.plan(room=100)
+    assert plan.source == "model" and plan.k >= 3 and plan.p_split < 0.5
+
+
+def test_hybrid_probes_the_ngram_source_now_and_then():
+    chosen = simulate(CPU_CURVE, 0.0, accept=0.05, sources=("ngram",), ngram_len=4, rounds=600)
     assert any(probe for _, _, probe in chosen)
+    assert sum(1 for _, k, _ in chosen if k) / len(chosen) < 0.1
 
 
 def test_cheap_accepted_drafts_choose_a_long_draft():
