@@ -30,12 +30,13 @@ DRAFT_MODES = ("model", "ngram", "hybrid", "none")
 @dataclass(frozen=True)
 class Settings:
     draft: str = "hybrid"  # model | ngram | hybrid | none
-    draft_max: int = 16
+    draft_max: int = 32
     draft_min: int = 1
     p_split: float = 0.6
     fixed: bool = False
     ngram_min: int = 2
     ngram_max: int = 6
+    tie_margin: float = 0.5  # greedy: near-ties closer than this are settled by a plain step
 
     def __post_init__(self):
         if self.draft not in DRAFT_MODES:
@@ -48,6 +49,8 @@ class Settings:
             )
         if not 0.0 <= self.p_split <= 1.0:
             raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}", "e.g. 0.6")
+        if not self.tie_margin >= 0:
+            raise UsageError(f"--tie-margin must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UsageError("--ngram-min/--ngram-max need 1 <= min <= max", "e.g. 2 and 6")
 
@@ -74,8 +77,16 @@ def speculative_round(
     rng: np.random.Generator,
     draft_min: int = 1,
     proposal: Proposal | None = None,
+    tie_margin: float = 0.0,
 ) -> tuple[list[int], RoundStats, Proposal]:
-    """One round of speculative decoding. Returns the tokens to append and the round's stats."""
+    """One round of speculative decoding. Returns the tokens to append and the round's stats.
+
+    At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
+    undecided (nothing is emitted for it): llama.cpp's batched kernels differ from its
+    one-token kernels by up to ~0.5 logit on quantized CPU weights, so only a one-token
+    decode, as plain decoding does it, can settle such a near-tie. The engine makes the next
+    round a plain step.
+    """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens (an n-gram proposal may come ready-made)
     if proposal is None:
@@ -97,9 +108,12 @@ def speculative_round(
         # the first mismatch is the correction (after a full accept, it is the bonus token)
         best = np.argmax(logits, axis=1)
         n = 0
-        while n < k and draft.tokens[n] == best[n]:
+        while n < k and draft.tokens[n] == best[n] and not near_tie(logits[n], best[n], tie_margin):
             n += 1
-        emitted = [*draft.tokens[:n], int(best[n])]
+        if k and near_tie(logits[n], best[n], tie_margin):
+            emitted = [*draft.tokens[:n]]  # position n is decided by the next, plain round
+        else:
+            emitted = [*draft.tokens[:n], int(best[n])]
     else:
         # exact speculative sampling: accept x_i with probability min(1, p(x_i)/q(x_i));
         # on a rejection, resample from norm(max(0, p - q)); after a full accept, draw from p
@@ -115,10 +129,23 @@ def speculative_round(
             emitted.append(sampler.dist(logits[k]).sample(rng))
     t3 = now()
 
-    # Step 4: both caches forget the rejected drafts
-    rollback(target, drafter, len(tokens) + n)
+    # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
+    # last token, which is the correction, or the last accepted draft if a near-tie deferred)
+    deferred = len(emitted) == n
+    rollback(target, drafter, len(tokens) + n - deferred)
     stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2)
     return emitted, stats, draft
+
+
+def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
+    """Is the runner-up within ``margin`` of the top logit? (Two passes, no sort.)"""
+    if margin <= 0:
+        return False
+    best = row[top]
+    row[top] = -np.inf  # llama.cpp's own buffer, restored at once
+    second = row.max()
+    row[top] = best
+    return bool(best - second < margin)
 
 
 def rollback(target: Model, drafter, keep: int) -> None:
@@ -218,6 +245,7 @@ class Engine:
         tokens = self.tokens
         t_start = now()
         reason = None
+        force_plain = False
         try:
             while reason is None:
                 if stop is not None and stop.is_set():
@@ -232,10 +260,13 @@ class Engine:
                     reason = "context"
                     break
                 plan, proposal = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
+                if force_plain:
+                    plan, proposal = Plan("none", 0), None
                 emitted, rnd, draft = speculative_round(
                     self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, proposal,
+                    self.settings.draft_min, proposal, self.settings.tie_margin,
                 )
+                force_plain = rnd.drafted > 0 and len(emitted) == rnd.accepted  # a near-tie was deferred
                 self.controller.observe(
                     plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s,
                     self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,

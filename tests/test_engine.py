@@ -67,7 +67,7 @@ def test_greedy_speculation_is_token_identical_to_plain(loaded, plain, draft, mo
 
 
 def test_copy_draft_is_always_accepted_and_unrelated_rarely(loaded):
-    s = Settings("model", draft_max=4, p_split=0.0, fixed=True)
+    s = Settings("model", draft_max=4, p_split=0.0, fixed=True, tie_margin=0.0)
     _, copy = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0])
     _, unrel = generate(loaded["target"], loaded["draft-unrelated"], s, PROMPTS[0])
     assert copy.acceptance_rate == 1.0
@@ -117,6 +117,15 @@ def test_rollback_leaves_the_cache_as_a_fresh_decode(loaded, tiny):
         for t in seq[len(prompt) - 1 :]:
             want = fresh.eval([t], logits="last")[0].copy()
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_near_ties_are_left_to_a_plain_step(loaded, plain):
+    """With a huge tie margin every position is a near-tie: no draft is ever accepted, every
+    round defers to a plain one-token step, and the output is still the plain output."""
+    s = Settings("model", draft_max=4, p_split=0.0, fixed=True, tie_margin=1e9)
+    out, stats = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0])
+    assert out == plain[PROMPTS[0]]
+    assert stats.n_accepted == 0 and stats.by_source["none"][0] >= 48
 
 
 def test_one_round_follows_the_paper(loaded):

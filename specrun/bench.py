@@ -1,0 +1,257 @@
+"""Is this pair worth it on this machine? Plain decoding and each mode, side by side.
+
+Every mode runs on the same loaded models and the same prompts, interleaved (plain, mode A,
+mode B, plain, mode A, ... per prompt and run) after a warm-up, so a noisy machine affects
+them alike. Speedups are ratios of tokens/s measured in the same run, never absolute times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .control import CostModel
+from .engine import Engine, Settings
+from .errors import InputError, UsageError
+from .sampling import Sampler
+from .stats import RunStats
+
+BASELINE = "none"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    cls: str
+    prompt: str
+    chat: bool = True
+    n_predict: int | None = None
+
+
+def builtin_prompts_path() -> Path:
+    return Path(str(resources.files("specrun").joinpath("data/bench_prompts.jsonl")))
+
+
+PROMPT_KEYS = ("class", "prompt", "chat", "n")
+
+
+def _prompt_from(d) -> BenchPrompt:
+    """One JSONL line, checked: a ValueError says what is wrong with it."""
+    if not isinstance(d, dict) or not isinstance(d.get("prompt"), str) or not d["prompt"].strip():
+        raise ValueError("needs a non-empty string 'prompt'")
+    unknown = sorted(set(d) - set(PROMPT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; the keys are {', '.join(PROMPT_KEYS)}")
+    cls, chat, n = d.get("class", "default"), d.get("chat", True), d.get("n")
+    if not isinstance(cls, str) or not cls.strip():
+        raise ValueError("'class' must be a non-empty string")
+    if not isinstance(chat, bool):
+        raise ValueError(f"'chat' must be true or false, got {chat!r}")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"'n' must be a positive integer, got {n!r}")
+    return BenchPrompt(cls, d["prompt"], chat, n)
+
+
+def load_prompts(path: Path | None = None) -> list[BenchPrompt]:
+    p = path or builtin_prompts_path()
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"prompts file not found: {p}", "check --prompts") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read prompts file {p}: {e}", "pass a UTF-8 JSONL file") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_prompt_from(json.loads(line)))
+        except ValueError as e:
+            raise InputError(f"{p}:{i}: not a prompt object ({e})", 'each line: {"class": "...", "prompt": "..."}') from None
+    if not out:
+        raise InputError(f"{p} holds no prompts", 'add lines like {"class": "chat", "prompt": "..."}')
+    return out
+
+
+@dataclass
+class Sample:
+    cls: str
+    prompt_index: int
+    mode: str
+    run: int
+    stats: RunStats
+    tokens: list[int]
+
+
+@dataclass
+class ModeSummary:
+    mode: str
+    tps: list[float] = field(default_factory=list)
+    speedups: list[float] = field(default_factory=list)  # per (prompt, run): mode tps / plain tps
+    drafted: int = 0
+    accepted: int = 0
+    drafted_rounds: int = 0
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    identical: bool = True  # greedy output identical to plain decoding
+
+    def add(self, s: RunStats) -> None:
+        self.tps.append(s.generation_tps)
+        self.drafted += s.n_drafted
+        self.accepted += s.n_accepted
+        self.drafted_rounds += s.n_drafted_rounds
+        for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
+            if i >= len(self.proposed_at):
+                self.proposed_at.append(0)
+                self.accepted_at.append(0)
+            self.proposed_at[i] += p
+            self.accepted_at[i] += a
+
+    def to_json(self) -> dict:
+        mean = statistics.fmean(self.tps) if self.tps else 0.0
+        return {
+            "mode": self.mode,
+            "tps_mean": round(mean, 3),
+            "tps_stdev": round(statistics.stdev(self.tps), 3) if len(self.tps) > 1 else 0.0,
+            "tps_min": round(min(self.tps), 3) if self.tps else 0.0,
+            "tps_max": round(max(self.tps), 3) if self.tps else 0.0,
+            "speedup": round(geomean(self.speedups), 4) if self.speedups else 1.0,
+            "speedup_min": round(min(self.speedups), 4) if self.speedups else 1.0,
+            "drafted": self.drafted,  # 0: the mode never drafted, so its acceptance says nothing
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "mean_accept_len": round(self.accepted / self.drafted_rounds, 4) if self.drafted_rounds else 0.0,
+            "accept_per_position": [round(a / p, 4) if p else 0.0 for p, a in zip(self.proposed_at, self.accepted_at)],
+            "identical_to_plain": self.identical,
+            "n": len(self.tps),
+        }
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    if not xs:
+        return 0.0
+    prod = 1.0
+    for x in xs:
+        prod *= x
+    return prod ** (1.0 / len(xs))
+
+
+@dataclass
+class BenchResult:
+    modes: list[str]
+    samples: list[Sample]
+    cost: CostModel
+    plain_cost: float
+    meta: dict = field(default_factory=dict)
+
+    def summaries(self) -> dict[str, dict[str, ModeSummary]]:
+        """class -> mode -> summary, plus an "overall" class."""
+        plain = {(s.cls, s.prompt_index, s.run): s for s in self.samples if s.mode == BASELINE}
+        out: dict[str, dict[str, ModeSummary]] = {}
+        for s in self.samples:
+            for cls in (s.cls, "overall"):
+                m = out.setdefault(cls, {}).setdefault(s.mode, ModeSummary(s.mode))
+                m.add(s.stats)
+                base = plain.get((s.cls, s.prompt_index, s.run))
+                if base is not None and base.stats.generation_tps > 0:
+                    m.speedups.append(s.stats.generation_tps / base.stats.generation_tps)
+                    if s.tokens != base.tokens:
+                        m.identical = False
+        return out
+
+    def predicted_speedup(self, mode: str) -> float:
+        """What the measured cost model predicts for the rounds this mode actually ran."""
+        t_pred, n_tok = 0.0, 0
+        d = self.cost.draft_per_token or 0.0
+        for s in self.samples:
+            if s.mode != mode:
+                continue
+            n_tok += s.stats.n_generated
+            t_pred += sum(self.cost.verify_cost(k + 1) for k in s.stats.draft_lengths)
+            t_pred += d * s.stats.by_source.get("model", [0, 0, 0])[1]
+        if not t_pred or not self.plain_cost:
+            return 0.0
+        return (n_tok / t_pred) / (1.0 / self.plain_cost)
+
+    def verdict(self) -> str:
+        overall = self.summaries().get("overall", {})
+        best = max((m for m in overall.values()), key=lambda m: geomean(m.speedups) if m.speedups else 1.0, default=None)
+        if best is None or best.mode == BASELINE or geomean(best.speedups) < 1.03:
+            return "use --draft none: no mode beat plain decoding by more than noise on this machine"
+        per_class = {c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode for c, ms in self.summaries().items() if c != "overall"}
+        classes = ", ".join(f"{c}: {m}" for c, m in sorted(per_class.items()))
+        return f"use --draft {best.mode} ({geomean(best.speedups):.2f}x plain overall); best per class: {classes}"
+
+    def to_json(self) -> dict:
+        sums = self.summaries()
+        c1 = self.cost.verify_cost(1)
+        return {
+            "meta": self.meta,
+            "modes": self.modes,
+            "classes": {c: {m: s.to_json() for m, s in ms.items()} for c, ms in sums.items()},
+            "verdict": self.verdict(),
+            "cost_model": {
+                "verify_s_by_batch": {str(b): round(v, 6) for b, v in sorted(self.cost.verify.items())},
+                "verify_relative": {str(b): round(v / c1, 3) for b, v in sorted(self.cost.verify.items())},
+                "draft_s_per_token": self.cost.draft_per_token,
+                "draft_relative": round(self.cost.draft_per_token / c1, 3) if self.cost.draft_per_token else None,
+            },
+            "predicted_vs_measured": {
+                m: {"predicted": round(self.predicted_speedup(m), 3), "measured": sums.get("overall", {}).get(m).to_json()["speedup"] if m in sums.get("overall", {}) else None}
+                for m in self.modes if m != BASELINE
+            },
+        }
+
+
+def run_bench(
+    target,
+    draft,
+    prompts: list[BenchPrompt],
+    modes: list[str],
+    sampler: Sampler,
+    settings: Settings,
+    tokenize,
+    n_predict: int,
+    runs: int,
+    cost: CostModel,
+    on_sample=None,
+) -> BenchResult:
+    """``tokenize(prompt) -> tokens`` applies the chat template; ``settings`` gives the knobs
+    (draft-max etc.) and each mode replaces its ``draft`` field."""
+    if runs < 1:
+        raise UsageError("--runs must be >= 1", "e.g. --runs 2")
+    all_modes = [BASELINE] + [m for m in modes if m != BASELINE]
+    engines = {}
+    for m in all_modes:
+        s = dataclasses.replace(settings, draft=m)
+        engines[m] = Engine(target, draft if m in ("model", "hybrid") else None, s, sampler, cost)
+    token_lists = [tokenize(p) for p in prompts]
+    if not cost.verify:
+        engines[all_modes[-1]].calibrate()
+    # warm-up: one short generation per mode, discarded
+    for m in all_modes:
+        e = engines[m]
+        e.reset()
+        for _ in e.generate(token_lists[0], min(16, n_predict)):
+            pass
+    samples = []
+    for run in range(runs):
+        for i, (p, toks) in enumerate(zip(prompts, token_lists)):
+            for m in all_modes:  # interleaved: A B C A B C ...
+                e = engines[m]
+                e.reset()
+                out = []
+                stats = None
+                for step in e.generate(toks, p.n_predict or n_predict):
+                    out.extend(step.tokens)
+                    stats = step.stats
+                sample = Sample(p.cls, i, m, run, stats, out)
+                samples.append(sample)
+                if on_sample:
+                    on_sample(sample)
+    plain_cost = cost.verify_cost(1)
+    return BenchResult(all_modes, samples, cost, plain_cost)
