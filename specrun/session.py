@@ -13,6 +13,7 @@ from .backend import LoadOptions, Model
 from .compat import check_vocab
 from .control import CostModel, CostStore
 from .errors import IncompatiblePair
+from .memory import check_fit, estimate
 from .modelinfo import ModelInfo, model_info
 
 GPU_REINSTALL = (
@@ -58,6 +59,14 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
                 "pick a draft of the same family (specrun check-pair shows the details) or use --draft ngram",
             )
     notices = []
+    mems = [estimate(t_info, "target", cfg.n_ctx, cfg.gpu_layers)]
+    if d_info is not None:
+        dl = cfg.gpu_layers if cfg.gpu_layers_draft is None else cfg.gpu_layers_draft
+        mems.append(estimate(d_info, "draft", cfg.n_ctx, dl))
+    fit = check_fit(mems)
+    if not fit.fits:
+        short = ", ".join(f"{p.name} needs {p.need / 2**30:.1f} GiB of {p.free / 2**30:.1f} GiB free" for p in fit.pools if not p.fits)
+        notices.append(f"warning: the models may not fit ({short}); lower -c or --gpu-layers if loading fails")
     if cfg.gpu_layers != 0 and not backend.supports_gpu_offload():
         notices.append(GPU_REINSTALL)
     opts = LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=cfg.gpu_layers, n_threads=cfg.threads, verbose=cfg.verbose)
