@@ -16,7 +16,8 @@ shell); a relative path resolves against the folder of the toml file that names 
 Files: the packaged registry, then one user file laid over it: ``--registry FILE``, else
 ``$SPECRUN_REGISTRY``, else ``$XDG_CONFIG_HOME/specrun/models.toml`` (``~/.config/...``) if it
 exists. A user entry replaces a packaged entry of the same name; a user alias shadows a
-packaged one. Unknown keys, and one alias on two entries of the same file, are errors.
+packaged one. Unknown keys, and one alias on two entries of the same file (ignoring case, as
+lookups do), are errors naming the file and line.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _load_file(path: Path) -> dict[str, Entry]:
     entries: dict[str, Entry] = {}
     alias_owner: dict[str, str] = {}
     for name, raw in models.items():
-        where = f"{path}: [models.{name}]"
+        where = f"{_at(path, text, name)}: [models.{name}]"
         if not isinstance(raw, dict):
             raise RegistryError(f"{where} must be a table", "write it as [models.NAME] with path = ...")
         unknown = set(raw) - ALLOWED_KEYS
@@ -139,7 +140,7 @@ def _load_file(path: Path) -> dict[str, Entry]:
             )
         if unknown:
             raise RegistryError(
-                f"{where} has unknown key(s) {', '.join(sorted(unknown))}",
+                f"{_at(path, text, name, min(unknown))}: [models.{name}] has unknown key(s) {', '.join(sorted(unknown))}",
                 f"allowed keys are {', '.join(sorted(ALLOWED_KEYS))}",
             )
         if not isinstance(raw.get("path"), str) or not raw["path"]:
@@ -153,13 +154,13 @@ def _load_file(path: Path) -> dict[str, Entry]:
         sha = raw.get("sha256")
         if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise RegistryError(f"{where}: sha256 must be 64 hex digits", "copy it from sha256sum")
-        for a in [name, *aliases]:
-            if a in alias_owner and alias_owner[a] != name:
+        for a in [name, *aliases]:  # lookups ignore case, so clashes do too
+            owner = alias_owner.setdefault(a.lower(), name)
+            if owner != name:
                 raise RegistryError(
-                    f"{path}: the name {a!r} is used by both [models.{alias_owner[a]}] and [models.{name}]",
+                    f"{_at(path, text, name, 'aliases')}: the name {a!r} is used by both [models.{owner}] and [models.{name}]",
                     "give each alias to one entry only",
                 )
-            alias_owner[a] = name
         entries[name] = Entry(
             name=name,
             path=expand(raw["path"], base),
@@ -171,6 +172,24 @@ def _load_file(path: Path) -> dict[str, Entry]:
             origin=path,
         )
     return entries
+
+
+def _at(path: Path, text: str, name: str, key: str | None = None) -> str:
+    """``path:line`` of ``[models.NAME]``, or of ``KEY =`` inside that table, for error messages."""
+    q = re.escape(name)
+    header = re.compile(rf"""\s*\[\s*models\s*\.\s*(?:"{q}"|'{q}'|{q})\s*\]""")
+    lines = text.splitlines()
+    for i, row in enumerate(lines):
+        if not header.match(row):
+            continue
+        if key:
+            for j in range(i + 1, len(lines)):
+                if lines[j].lstrip().startswith("["):  # the next table
+                    break
+                if re.match(rf"""\s*["']?{re.escape(key)}["']?\s*=""", lines[j]):
+                    return f"{path}:{j + 1}"
+        return f"{path}:{i + 1}"
+    return str(path)
 
 
 class Registry:
@@ -198,9 +217,9 @@ class Registry:
         for f in files:
             layer = _load_file(f)
             if entries:  # a user file: its names shadow packaged aliases
-                taken = {n for e in layer.values() for n in (e.name, *e.aliases)}
+                taken = {n.lower() for e in layer.values() for n in (e.name, *e.aliases)}
                 for e in entries.values():
-                    e.aliases = [a for a in e.aliases if a not in taken]
+                    e.aliases = [a for a in e.aliases if a.lower() not in taken]
             entries.update(layer)
         return cls(entries, files)
 

@@ -1,0 +1,196 @@
+"""`specrun bench`: plain decoding against each mode, on the same prompts, in one process."""
+
+from __future__ import annotations
+
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .. import backend
+from ..bench import BASELINE, BenchResult, load_prompts, run_bench
+from ..control import CostStore
+from ..engine import DRAFT_MODES
+from ..errors import UsageError
+from ..sampling import Sampler
+from ..session import PairConfig, load_costs, open_pair
+from .common import (
+    CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, FixedOpt, GpuLayersDraftOpt, GpuLayersOpt,
+    NgramMaxOpt, NgramMinOpt, TieMarginOpt, NPredictOpt, PSplitOpt, RegistryOpt, TargetOpt, ThreadsOpt,
+    VerboseOpt, cache_dir, check_range, default_threads, load_registry, print_json, stderr, stdout,
+)
+from .generate import build_settings, chat_prompt, resolve_models
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        model: TargetOpt,
+        draft_model: DraftModelOpt = None,
+        prompts: Annotated[Optional[Path], typer.Option("--prompts", help="A JSONL file of {\"class\", \"prompt\", \"chat\"?, \"n\"?} (default: the built-in set).", show_default=False)] = None,
+        runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).")] = 2,
+        modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none,model,ngram,hybrid.")] = "model,ngram,hybrid",
+        classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)] = None,
+        n_predict: NPredictOpt = 128,
+        ctx: CtxOpt = 4096,
+        draft_max: DraftMaxOpt = None,
+        draft_min: DraftMinOpt = 1,
+        draft_p_split: PSplitOpt = 0.6,
+        fixed: FixedOpt = False,
+        ngram_min: NgramMinOpt = 2,
+        ngram_max: NgramMaxOpt = 6,
+        tie_margin: TieMarginOpt = 0.5,
+        threads: ThreadsOpt = default_threads(),
+        gpu_layers: GpuLayersOpt = -1,
+        gpu_layers_draft: GpuLayersDraftOpt = None,
+        registry: RegistryOpt = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
+        markdown: Annotated[bool, typer.Option("--markdown", help="Print the results as Markdown tables.")] = False,
+        verbose: VerboseOpt = False,
+    ) -> int:
+        """Is speculation worth it for this pair on this machine? Runs plain decoding and each
+        mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
+        with spread, speedup over plain, acceptance, the measured cost model, the speedup it
+        predicts next to the one measured, and a verdict."""
+        check_range("--runs", runs, 1, 100)
+        check_range("-n/--n-predict", n_predict, 1)
+        if json_out and markdown:
+            raise UsageError("--json and --markdown exclude each other", "pick one")
+        wanted = [m.strip() for m in modes.split(",") if m.strip()]
+        bad = [m for m in wanted if m not in DRAFT_MODES]
+        if bad or not wanted:
+            raise UsageError(f"--draft takes a list of {', '.join(DRAFT_MODES)}, got {modes!r}", "e.g. --draft model,ngram")
+        plist = load_prompts(prompts)
+        if classes:
+            keep = {c.strip() for c in classes.split(",")}
+            plist = [p for p in plist if p.cls in keep]
+            if not plist:
+                raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
+        reg = load_registry(registry)
+        need_draft = "model" if any(m in ("model", "hybrid") for m in wanted) else "none"
+        target, dm = resolve_models(reg, model, draft_model, need_draft)
+        if dm is None:
+            wanted = [m for m in wanted if m not in ("model", "hybrid")] or ["ngram"]
+        settings = build_settings("none", draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
+        cfg = PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose)
+        err = stderr()
+        pair = open_pair(target.path, dm.path if dm else None, cfg)
+        try:
+            for n in pair.notices:
+                err.print(f"specrun: {n}", style="dim")
+
+            def tokenize(p):
+                if p.chat:
+                    text, add = chat_prompt(pair, [{"role": "user", "content": p.prompt}], lambda m: err.print(f"specrun: warning: {m}"))
+                else:
+                    text, add = p.prompt, True
+                return pair.target.tokenize(text, add_special=add, parse_special=True)
+
+            store = CostStore(cache_dir() / "costs.json")
+            cost = load_costs(store, pair.cost_key)
+
+            def progress(s):
+                err.print(f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%", style="dim")
+
+            result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), settings, tokenize, n_predict, runs, cost, progress)
+            store.save(pair.cost_key, cost)
+        finally:
+            pair.close()
+        result.meta = {
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "target": target.label,
+            "draft": dm.label if dm else None,
+            "threads": threads,
+            "n_predict": n_predict,
+            "runs": runs,
+            "llama_cpp": backend.version(),
+            "machine": f"{platform.system()} {platform.machine()}, {platform.processor() or ''}".strip(", "),
+            "gpu_offload": backend.supports_gpu_offload(),
+        }
+        if json_out:
+            print_json(result.to_json())
+        elif markdown:
+            print(to_markdown(result))
+        else:
+            for t in tables(result):
+                stdout().print(t)
+        return 0
+
+
+def _rows(result: BenchResult):
+    data = result.to_json()
+    for cls, modes in data["classes"].items():
+        for mode, s in modes.items():
+            yield cls, mode, s
+
+
+def to_markdown(result: BenchResult) -> str:
+    data = result.to_json()
+    out = [
+        f"Target {data['meta'].get('target')}, draft {data['meta'].get('draft')}, {data['meta'].get('threads')} threads, "
+        f"-n {data['meta'].get('n_predict')}, {data['meta'].get('runs')} runs, llama_cpp {data['meta'].get('llama_cpp')}, {data['meta'].get('date')}",
+        "",
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len | accept by position | same text as plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
+    for cls in classes:
+        for mode in result.modes:
+            s = data["classes"][cls].get(mode)
+            if s is None:
+                continue
+            pos = " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8])
+            out.append(
+                f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
+                f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos or '-'} | {'yes' if s['identical_to_plain'] else 'NO'} |"
+            )
+    cm = data["cost_model"]
+    out += ["", "Cost model (relative to one target token):", ""]
+    out.append("| verify batch | " + " | ".join(cm["verify_relative"]) + " |")
+    out.append("|---|" + "---|" * len(cm["verify_relative"]))
+    out.append("| cost | " + " | ".join(f"{v:.2f}" for v in cm["verify_relative"].values()) + " |")
+    out.append("")
+    out.append(f"Draft model cost per token: {cm['draft_relative']} of a target token." if cm["draft_relative"] else "Draft model cost per token: not measured.")
+    out.append("")
+    out.append("| mode | predicted speedup | measured speedup |")
+    out.append("|---|---|---|")
+    for m, v in data["predicted_vs_measured"].items():
+        out.append(f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |" if v["measured"] is not None else f"| {m} | {v['predicted']:.2f}x | - |")
+    out.append("")
+    out.append(f"**Verdict:** {data['verdict']}")
+    return "\n".join(out)
+
+
+def tables(result: BenchResult):
+    data = result.to_json()
+    t = Table(title="specrun bench", title_justify="left")
+    for col in ("class", "mode", "tok/s", "± sd", "speedup", "accept", "mean len", "by position"):
+        t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
+    classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
+    for cls in classes:
+        for mode in result.modes:
+            s = data["classes"][cls].get(mode)
+            if s is None:
+                continue
+            pos = " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8])
+            t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos or "-")
+    cost = Table(title="measured cost model (x one target token)", title_justify="left")
+    cost.add_column("verify batch")
+    for b in data["cost_model"]["verify_relative"]:
+        cost.add_column(b, justify="right")
+    cost.add_row("cost", *[f"{v:.2f}" for v in data["cost_model"]["verify_relative"].values()])
+    pv = Table(title="predicted vs measured speedup", title_justify="left")
+    pv.add_column("mode")
+    pv.add_column("predicted", justify="right")
+    pv.add_column("measured", justify="right")
+    for m, v in data["predicted_vs_measured"].items():
+        pv.add_row(m, f"{v['predicted']:.2f}x", f"{v['measured']:.2f}x" if v["measured"] is not None else "-")
+    from rich.text import Text
+
+    return [t, cost, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold")]
+
+
+__all__ = ["register", "to_markdown", "BASELINE"]

@@ -1,0 +1,175 @@
+"""Pure functions from data to Rich renderables. No I/O, so they are tested without a terminal."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .modelinfo import ModelInfo
+from .pair import PairReport
+from .stats import RunStats
+
+
+def human_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+def human_count(n: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def _mark(ok: bool) -> Text:
+    return Text("ok", style="green") if ok else Text("FAIL", style="bold red")
+
+
+def pair_table(r: PairReport) -> Group:
+    vocab = Table(title="Vocabulary", title_justify="left", expand=False)
+    vocab.add_column("check")
+    vocab.add_column("target")
+    vocab.add_column("draft")
+    vocab.add_column("")
+    vocab.add_column("detail", overflow="fold")
+    for c in r.compat.checks:
+        mark = _mark(c.ok) if c.enforced else Text("info" if c.ok else "differs", style="yellow" if not c.ok else "dim")
+        vocab.add_row(c.name, str(c.target), str(c.draft), mark, c.detail)
+
+    mem = Table(title=f"Memory at -c {r.n_ctx}", title_justify="left")
+    for col in ("model", "weights", "KV cache", "compute", "total", "on GPU", "in RAM"):
+        mem.add_column(col, justify="right" if col != "model" else "left")
+    for m in r.fit.models:
+        mem.add_row(
+            m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute),
+            human_bytes(m.total), human_bytes(m.on_gpu), human_bytes(m.on_host),
+        )
+    pools = Table(title="Against free memory", title_justify="left")
+    for col in ("pool", "free", "needed", "headroom", ""):
+        pools.add_column(col, justify="right" if col not in ("pool", "") else "left")
+    for p in r.fit.pools:
+        pools.add_row(p.name, human_bytes(p.free), human_bytes(p.need), human_bytes(p.headroom), _mark(p.fits))
+
+    verdict = Text()
+    if r.ok:
+        verdict.append("OK: ", style="bold green")
+        verdict.append("the pair is compatible and fits.")
+    else:
+        verdict.append("NO: ", style="bold red")
+        reasons = []
+        if not r.compat.compatible:
+            reasons.append(f"incompatible vocabularies ({r.compat.reason()})")
+        if not r.fit.fits:
+            reasons.append("does not fit in memory (lower -c, --gpu-layers or pick a smaller quant)")
+        verdict.append("; ".join(reasons) + ".")
+    parts = [
+        Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
+        vocab, mem, pools, Text(r.fit.note, style="dim"), verdict,
+    ]
+    if r.suggestions:
+        parts.append(Text(f"drafts in your registry that match the target: {', '.join(r.suggestions)}"))
+    return Group(*parts)
+
+
+def inspect_table(m: ModelInfo) -> Table:
+    t = Table(show_header=False, title=m.path.name, title_justify="left")
+    t.add_column("key", style="bold")
+    t.add_column("value", overflow="fold")
+    head_kv = m.n_head_kv[0] if len(set(m.n_head_kv)) == 1 else m.n_head_kv
+    rows = [
+        ("name", m.name),
+        ("architecture", m.architecture),
+        ("parameters", human_count(m.n_params)),
+        ("layers", str(m.n_layer)),
+        ("context length", str(m.n_ctx_train)),
+        ("embedding / heads / kv heads", f"{m.n_embd} / {m.n_head} / {head_kv}"),
+        ("quantization", m.quant),
+        ("weights", human_bytes(m.weights_bytes)),
+        ("tokenizer", f"{m.tokenizer_model} (pre: {m.tokenizer_pre or '-'})"),
+        ("vocabulary", str(m.n_vocab)),
+        ("add_bos / add_eos", f"{m.add_bos} / {m.add_eos}"),
+    ]
+    for k, v in m.special_tokens().items():
+        rows.append((f"{k} token", "-" if v is None else f"{v['id']} {v['text']!r}"))
+    rows.append(("chat template", "present" if m.chat_template else "absent"))
+    rows.append(("KV cache per 1k context (f16)", human_bytes(m.kv_bytes(1024))))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def models_table(rows: list[dict]) -> Table:
+    t = Table(title="Models", title_justify="left")
+    for col in ("name", "aliases", "status", "size", "arch", "quant", "draft", "path"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        status = Text("present", style="green") if r["present"] else Text("missing", style="yellow")
+        if r.get("error"):
+            status = Text("unreadable", style="red")
+        if r.get("verified") is not None:
+            status.append(" sha256 ok" if r["verified"] else " SHA256 MISMATCH", style="green" if r["verified"] else "bold red")
+        t.add_row(
+            r["name"], ", ".join(r["aliases"]), status, human_bytes(r.get("size")) if r["present"] else "-",
+            r.get("architecture") or "-", r.get("quant") or "-", r.get("draft") or "-", r["path"],
+        )
+    return t
+
+
+def status_line(s: RunStats) -> Text:
+    """The live line under a reply: speed, acceptance, draft length, time split."""
+    busy = s.draft_s + s.verify_s
+    split = f"{100 * s.draft_s / busy:.0f}/{100 * s.verify_s / busy:.0f}" if busy > 0 else "-/-"
+    t = Text(style="dim")
+    t.append(f"{s.generation_tps:6.1f} tok/s", style="bold cyan")
+    t.append(f"  accept {100 * s.acceptance_rate:3.0f}%")
+    t.append(f"  mean len {s.mean_accept_len:.2f}")
+    t.append(f"  draft K={s.current_draft_len}")
+    t.append(f"  draft/verify {split}%")
+    t.append(f"  {s.n_generated} tok")
+    return t
+
+
+def summary_line(s: RunStats, label: str = "") -> str:
+    """One plain line after a reply (also the stats line `generate` prints to stderr)."""
+    src = ", ".join(f"{k} {v[0]}" for k, v in sorted(s.by_source.items()))
+    return (
+        f"{label}{s.n_generated} tokens in {s.wall_s:.2f} s, {s.generation_tps:.1f} tok/s | "
+        f"prompt {s.n_prompt_tokens} tok at {s.prompt_tps:.1f} tok/s | "
+        f"accepted {s.n_accepted}/{s.n_drafted} ({100 * s.acceptance_rate:.0f}%), "
+        f"mean len {s.mean_accept_len:.2f}, {s.tokens_per_decode:.2f} tok/decode | "
+        f"draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s | rounds: {src or '-'} | "
+        f"finish: {s.finish_reason or '-'}"
+    )
+
+
+def stats_table(s: RunStats, title: str = "Session") -> Group:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("k", style="bold")
+    t.add_column("v")
+    for k, v in (
+        ("generated", f"{s.n_generated} tokens at {s.generation_tps:.1f} tok/s"),
+        ("prompt", f"{s.n_prompt_tokens} tokens at {s.prompt_tps:.1f} tok/s"),
+        ("drafted / accepted", f"{s.n_drafted} / {s.n_accepted} ({100 * s.acceptance_rate:.1f}%)"),
+        ("mean accepted length", f"{s.mean_accept_len:.2f}"),
+        ("tokens per target decode", f"{s.tokens_per_decode:.2f}"),
+        ("time: draft / verify / sample / other", f"{s.draft_s:.2f} / {s.verify_s:.2f} / {s.sample_s:.2f} / {s.other_s:.2f} s"),
+        ("rounds by source", ", ".join(f"{k}: {v[0]}" for k, v in sorted(s.by_source.items())) or "-"),
+    ):
+        t.add_row(k, v)
+    pos = Table(title="Acceptance per draft position", title_justify="left")
+    pos.add_column("position", justify="right")
+    pos.add_column("proposed", justify="right")
+    pos.add_column("accepted", justify="right")
+    pos.add_column("rate", justify="right")
+    for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
+        pos.add_row(str(i + 1), str(p), str(a), f"{100 * a / p:.0f}%" if p else "-")
+    return Group(t, pos)
+

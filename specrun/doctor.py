@@ -1,0 +1,74 @@
+"""What this machine can do for specrun, and what to fix. Data only; the CLI prints it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+
+import psutil
+
+from . import backend
+from .memory import GpuQuery, query_gpus
+
+CUDA_FIX = 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+METAL_FIX = 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+
+
+@dataclass
+class Report:
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"facts": dict(self.facts), "problems": self.problems, "ok": not self.problems}
+
+
+def is_wsl() -> bool:
+    try:
+        with open("/proc/version") as f:
+            return "microsoft" in f.read().lower()
+    except OSError:
+        return False
+
+
+def is_apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def diagnose(gpu_query: GpuQuery | None = None) -> Report:
+    r = Report()
+    wsl, apple = is_wsl(), is_apple_silicon()
+    plat = f"{platform.system()} {platform.release()} {platform.machine()}"
+    if wsl:
+        plat += " (WSL2)"
+    if apple:
+        plat += " (Apple Silicon, unified memory)"
+    r.facts.append(("platform", plat))
+    r.facts.append(("python", platform.python_version()))
+    offload = backend.supports_gpu_offload()
+    r.facts.append(("llama_cpp", f"{backend.version()}, GPU offload: {'yes' if offload else 'no'}"))
+    gq = gpu_query if gpu_query is not None else query_gpus()
+    if gq.gpus:
+        r.facts.append(("nvidia driver", str(gq.driver)))
+        for g in gq.gpus:
+            r.facts.append((f"gpu {g.index}", f"{g.name}: {g.free / 2**30:.1f} GiB free of {g.total / 2**30:.1f} GiB"))
+    else:
+        r.facts.append(("nvidia", f"none ({gq.problem})"))
+    vm = psutil.virtual_memory()
+    r.facts.append(("system RAM", f"{vm.available / 2**30:.1f} GiB available of {vm.total / 2**30:.1f} GiB"))
+    r.facts.append(("cpu cores", str(os.cpu_count())))
+
+    has_nvidia_tools = bool(shutil.which("nvidia-smi") or shutil.which("nvcc"))
+    if not offload:
+        if gq.gpus or has_nvidia_tools:
+            r.problems.append(f"an NVIDIA GPU is present but llama_cpp was built without CUDA; fix: {CUDA_FIX}")
+        elif apple:
+            r.problems.append(f"llama_cpp was built without Metal on Apple Silicon; fix: {METAL_FIX}")
+    if has_nvidia_tools and not gq.gpus:
+        fix = "install the NVIDIA driver on Windows (not inside WSL2) and update WSL" if wsl else "install or repair the NVIDIA driver, then check nvidia-smi"
+        r.problems.append(f"NVIDIA tools are installed but NVML found no GPU ({gq.problem}); fix: {fix}")
+    if vm.available < 2 * 2**30:
+        r.problems.append(f"only {vm.available / 2**30:.1f} GiB RAM available; fix: close other programs or use smaller models")
+    return r
