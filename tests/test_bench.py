@@ -1,0 +1,195 @@
+"""`specrun bench` on the tiny models: the JSON schema, greedy exactness of every mode, the
+Markdown report, and one-line errors with exit codes for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specrun.bench import load_prompts
+from specrun.cli.main import _register, app, main
+from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
+
+MODES = ["none", "model", "ngram", "hybrid"]
+MODE_KEYS = {
+    "tps_mean", "tps_stdev", "speedup", "acceptance_rate", "mean_accept_len", "accept_per_position",
+    "identical_to_plain",
+}
+PROMPTS = [
+    {"class": "code", "prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n    return", "chat": False},
+    {"class": "chat", "prompt": "Tell me about the quick brown fox."},
+]
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def bench_argv(tiny, prompts: Path, *extra: str) -> list[str]:
+    # --fixed: always draft (the adaptive controller may rightly decide a CPU run is better off
+    # without drafting, and then there is no acceptance to check)
+    return ["bench", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"]), "--runs", "1", "-n", "16",
+            "-t", "1", "-c", "512", "--fixed", "--draft-max", "4", "--prompts", str(prompts), *extra]
+
+
+@pytest.fixture(scope="module")
+def report(tiny, tmp_path_factory) -> dict:
+    prompts = write_jsonl(tmp_path_factory.mktemp("bench") / "p.jsonl", PROMPTS)
+    _register()
+    r = CliRunner().invoke(app, bench_argv(tiny, prompts, "--json", "--draft", "none,model,ngram,hybrid"))
+    assert r.exit_code == 0, (r.output, r.exception)
+    return json.loads(r.stdout)
+
+
+def test_json_has_the_documented_shape(report):
+    assert set(report) >= {"meta", "modes", "classes", "verdict", "cost_model", "predicted_vs_measured"}
+    meta = report["meta"]
+    assert meta["target"] == "target.gguf" and meta["draft"] == "draft-copy.gguf"
+    assert (meta["threads"], meta["n_predict"], meta["runs"]) == (1, 16, 1)
+    assert report["modes"] == MODES
+    assert set(report["classes"]) == {"code", "chat", "overall"}
+    for cls, modes in report["classes"].items():
+        assert list(modes) == MODES, cls
+        for mode, s in modes.items():
+            assert MODE_KEYS <= set(s), (cls, mode)
+            assert s["tps_mean"] > 0 and s["tps_stdev"] >= 0
+            assert isinstance(s["accept_per_position"], list)
+            assert all(0.0 <= x <= 1.0 for x in s["accept_per_position"])
+    overall = report["classes"]["overall"]
+    assert overall["none"]["speedup"] == 1.0 and overall["none"]["n"] == 2  # two prompts, one run
+    assert isinstance(report["verdict"], str) and report["verdict"].startswith("use --draft ")
+
+    cm = report["cost_model"]
+    assert set(cm) == {"verify_s_by_batch", "verify_relative", "draft_s_per_token", "draft_relative"}
+    assert cm["verify_relative"]["1"] == 1.0
+    assert set(cm["verify_relative"]) == set(cm["verify_s_by_batch"])
+    assert cm["draft_s_per_token"] > 0 and cm["draft_relative"] > 0  # a draft model was measured
+    assert set(report["predicted_vs_measured"]) == {"model", "ngram", "hybrid"}
+    for v in report["predicted_vs_measured"].values():
+        assert set(v) == {"predicted", "measured"} and v["measured"] > 0
+
+
+def test_every_mode_is_token_identical_to_plain(report):
+    for cls, modes in report["classes"].items():
+        for mode, s in modes.items():
+            assert s["identical_to_plain"] is True, (cls, mode)
+
+
+def test_a_copy_of_the_target_is_always_accepted(report):
+    for cls in ("code", "chat", "overall"):
+        s = report["classes"][cls]["model"]
+        assert s["drafted"] > 0, cls  # --fixed: the model drafted every round
+        assert s["acceptance_rate"] == 1.0, cls
+        assert s["accept_per_position"] and all(x == 1.0 for x in s["accept_per_position"])
+        assert s["mean_accept_len"] >= 1.0
+    assert report["classes"]["overall"]["none"]["drafted"] == 0
+    assert report["classes"]["overall"]["none"]["acceptance_rate"] == 0.0
+
+
+def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    code = main(bench_argv(tiny, prompts, "--markdown", "--draft", "model", "--classes", "code"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    header = lines.index(
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len "
+        "| accept by position | same text as plain |"
+    )
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|"
+    rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
+    assert [r.split(" | ")[:2] for r in rows[:4]] == [["| code", "none"], ["| code", "model"], ["| overall", "none"], ["| overall", "model"]]
+    assert all(r.endswith("| yes |") for r in rows[:4])
+    assert "| code | model |" in out and " 100% |" in rows[1]
+    assert "| mode | predicted speedup | measured speedup |" in out
+    assert "| verify batch |" in out
+    assert any(line.startswith("**Verdict:** use --draft ") for line in lines)
+    assert "chat" not in "".join(r.split(" | ")[0] for r in rows)  # --classes code
+
+
+def test_ngram_only_needs_no_draft_model(tiny, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:1])
+    code = main(["bench", "-m", str(tiny["target"]), "--draft", "ngram", "--runs", "1", "-n", "8", "-t", "1",
+                 "-c", "512", "--json", "--prompts", str(prompts)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["modes"] == ["none", "ngram"] and data["meta"]["draft"] is None
+    assert data["cost_model"]["draft_relative"] is None
+
+
+# --- bad input: one line on stderr, an exit code, nothing loaded --------------------------
+
+
+def run_bad(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specrun: error: "), err
+    assert out == ""
+    return code, lines[0]
+
+
+def test_unknown_draft_mode_is_a_usage_error(tiny, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    code, msg = run_bad(bench_argv(tiny, prompts, "--draft", "model,bogus"), capsys)
+    assert code == EXIT_USAGE and "'model,bogus'" in msg
+
+
+def test_json_and_markdown_together_is_a_usage_error(tiny, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    code, msg = run_bad(bench_argv(tiny, prompts, "--json", "--markdown"), capsys)
+    assert code == EXIT_USAGE and "exclude each other" in msg
+
+
+def test_unknown_class_is_a_usage_error(tiny, tmp_path, capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    code, msg = run_bad(bench_argv(tiny, prompts, "--classes", "poetry"), capsys)
+    assert code == EXIT_USAGE and "poetry" in msg
+
+
+def test_missing_prompts_file(tiny, tmp_path, capsys):
+    code, msg = run_bad(bench_argv(tiny, tmp_path / "nope.jsonl"), capsys)
+    assert code == EXIT_INPUT and "nope.jsonl" in msg and "not found" in msg
+
+
+@pytest.mark.parametrize(
+    "bad_line, why",
+    [
+        ('{"class": "chat", "prompt": "unterminated', "not a prompt object"),
+        ('["a", "list"]', "needs a non-empty string 'prompt'"),
+        ('{"class": "chat"}', "needs a non-empty string 'prompt'"),
+        ('{"class": "chat", "prompt": "  "}', "needs a non-empty string 'prompt'"),
+        ('{"class": "chat", "prompt": "hi", "n": "16"}', "'n' must be a positive integer"),
+        ('{"class": "chat", "prompt": "hi", "n": 0}', "'n' must be a positive integer"),
+        ('{"class": "chat", "prompt": "hi", "chat": "yes"}', "'chat' must be true or false"),
+        ('{"class": 7, "prompt": "hi"}', "'class' must be a non-empty string"),
+        ('{"class": "chat", "prompt": "hi", "N": 5}', "unknown key 'N'"),
+    ],
+)
+def test_malformed_jsonl_line_is_named(tiny, tmp_path, capsys, bad_line, why):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [PROMPTS[0], "", bad_line, PROMPTS[1]])
+    code, msg = run_bad(bench_argv(tiny, prompts), capsys)
+    assert code == EXIT_INPUT
+    assert f"{prompts}:3:" in msg and why in msg  # line 3: blank lines count
+
+
+def test_empty_or_unreadable_prompts_file(tmp_path):
+    empty = write_jsonl(tmp_path / "empty.jsonl", ["", "   "])
+    with pytest.raises(InputError, match="holds no prompts"):
+        load_prompts(empty)
+    with pytest.raises(InputError, match="cannot read"):
+        load_prompts(tmp_path)  # a directory
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(InputError, match="UTF-8"):
+        load_prompts(binary)
+
+
+def test_builtin_prompts_load():
+    prompts = load_prompts()
+    assert len(prompts) >= 4 and len({p.cls for p in prompts}) >= 2

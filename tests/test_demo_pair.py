@@ -1,0 +1,60 @@
+"""End to end on the real demo pair: Qwen2.5-Coder 1.5B target, 0.5B draft."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrun.backend import LoadOptions, Model
+from specrun.control import CostModel
+from specrun.engine import Engine, Settings
+from specrun.sampling import Sampler
+
+# chat-formatted prompts of at least 64 tokens, of different kinds
+SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+PROMPTS = [
+    SYSTEM + "<|im_start|>user\nWrite a Python function that parses an ISO 8601 date string such as 2024-05-17T08:30:00+02:00 and returns a timezone-aware datetime. Raise ValueError with a helpful message on bad input, add a docstring with two examples, and keep it under thirty lines.<|im_end|>\n<|im_start|>assistant\n",
+    SYSTEM + "<|im_start|>user\nRename the function `area` to `rect_area` and return the whole file:\n\n```python\ndef area(w, h):\n    return w * h\n\n\ndef total(shapes):\n    return sum(area(w, h) for w, h in shapes)\n```<|im_end|>\n<|im_start|>assistant\n",
+    SYSTEM + "<|im_start|>user\nExplain in three short sentences what a hash map is, how it finds a key in constant time on average, and when a plain Python list is the better choice for storing and looking up a small number of items.<|im_end|>\n<|im_start|>assistant\n",
+]
+FLAT = {b: 0.01 for b in (1, 2, 4, 8, 16)}  # makes the adaptive controller draft
+
+
+@pytest.fixture(scope="module")
+def pair(demo):
+    opts = LoadOptions(n_ctx=1024, n_threads=2)
+    t, d = Model(demo["target"], opts), Model(demo["draft"], opts)
+    yield t, d
+    t.close()
+    d.close()
+
+
+def run(t, d, settings, prompt, n=64, cost=None):
+    e = Engine(t, d, settings, Sampler(0.0), CostModel(dict(cost or FLAT), 0.001))
+    toks = t.tokenize(prompt, add_special=False)
+    assert len(toks) >= 64
+    out, stats = [], None
+    for step in e.generate(toks, n):
+        out.extend(step.tokens)
+        stats = step.stats
+    return out, stats
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_qwen_pair_is_token_identical_to_plain(pair, i):
+    t, d = pair
+    plain, _ = run(t, None, Settings("none"), PROMPTS[i])
+    fixed, fs = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[i])
+    hybrid, hs = run(t, d, Settings("hybrid", draft_max=8), PROMPTS[i])
+    ngram, _ = run(t, None, Settings("ngram", draft_max=8), PROMPTS[i])
+    assert fixed == plain
+    assert hybrid == plain
+    assert ngram == plain
+    assert fs.n_drafted > 0 and fs.acceptance_rate > 0.4
+    print(f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}")
+
+
+def test_qwen_pair_detokenizes_to_sensible_code(pair):
+    t, d = pair
+    out, stats = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[0], n=48)
+    text = t.detokenize(out).decode("utf-8", errors="replace")
+    assert "def " in text and "datetime" in text
