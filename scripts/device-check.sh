@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One-call GPU check for a lent NVIDIA machine (prepared; see BENCHMARKS.md, "GPU").
+#
+# The device machine has no network and a call carries at most 64 MiB, so the demo models
+# cannot travel. Run from the repository root ON the device, with these carried paths:
+#   .gpu/llama_cpp-0.3.36-cuda-sm90.tar.xz   (copy of shared/gpu's archive)
+#   .whl/*.whl                              (Python 3.12 wheels of gguf, typer, rich, psutil,
+#                                            nvidia-ml-py, jinja2, pytest, hypothesis; see the
+#                                            device README for `pip download` flags)
+# It checks, in one run: the CUDA build loads and offloads (specrun doctor, the offload
+# report), the engine's exactness and rollback tests pass with every layer on the GPU, and
+# `specrun bench` on generated models prints the GPU's verify-cost curve and draft cost,
+# where c(b) should be nearly flat, so the controller should choose long drafts.
+#
+# From the session:  run(command="bash scripts/device-check.sh", carry=[".gpu", ".whl"])
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/specrun-device}"
+mkdir -p "$out" /tmp/site /tmp/models
+tar -xJf .gpu/llama_cpp-0.3.36-cuda-sm90.tar.xz -C /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+libdir=$(python3 -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13","lib"))')
+export PYTHONPATH="/tmp/site:$PWD" LD_LIBRARY_PATH="$libdir:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+specrun() { python3 -c 'from specrun.cli.main import run; run()' "$@"; }
+python3 -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__, "offload:", llama_cpp.llama_supports_gpu_offload())'
+specrun doctor | tee "$out/doctor.txt" || true
+python3 tests/tiny_models.py /tmp/models >/dev/null
+t=/tmp/models/target.gguf d=/tmp/models/draft-perturbed.gguf
+specrun generate -m "$t" -d "$d" -p "def fib(n):" -n 32 -t 8 --json >"$out/generate.json" 2>"$out/generate.err" || true
+grep -h "offloaded" "$out/generate.err" || echo "no offload report"
+python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_pair.py 2>&1 | tail -3 | tee "$out/pytest.txt"
+printf '{"class":"chat","prompt":"Hello there, how are you today?","chat":true}\n{"class":"code-edit","prompt":"def fibonacci(n):\\n    if n < 2:\\n        return n\\n    return fibonacci(n - 1) + fibonacci(n - 2)\\n\\nRepeat the code above.","chat":true}\n' >/tmp/prompts.jsonl
+specrun bench -m "$t" -d "$d" --prompts /tmp/prompts.jsonl --runs 2 -n 64 -t 8 --markdown | tee "$out/bench.md"
