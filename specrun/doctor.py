@@ -60,15 +60,17 @@ def diagnose(gpu_query: GpuQuery | None = None) -> Report:
     r.facts.append(("system RAM", f"{vm.available / 2**30:.1f} GiB available of {vm.total / 2**30:.1f} GiB"))
     r.facts.append(("cpu cores", str(os.cpu_count())))
 
-    has_nvidia_tools = bool(shutil.which("nvidia-smi") or shutil.which("nvcc"))
+    has_driver_tool = bool(shutil.which("nvidia-smi"))  # nvcc alone is a toolkit, not a GPU
+    if shutil.which("nvcc") and not has_driver_tool and not gq.gpus:
+        r.facts.append(("cuda toolkit", "nvcc found but no NVIDIA driver: CPU only on this machine"))
     if not offload:
-        if gq.gpus or has_nvidia_tools:
+        if gq.gpus or has_driver_tool:
             r.problems.append(f"an NVIDIA GPU is present but llama_cpp was built without CUDA; fix: {CUDA_FIX}")
         elif apple:
             r.problems.append(f"llama_cpp was built without Metal on Apple Silicon; fix: {METAL_FIX}")
-    if has_nvidia_tools and not gq.gpus:
+    if has_driver_tool and not gq.gpus:
         fix = "install the NVIDIA driver on Windows (not inside WSL2) and update WSL" if wsl else "install or repair the NVIDIA driver, then check nvidia-smi"
-        r.problems.append(f"NVIDIA tools are installed but NVML found no GPU ({gq.problem}); fix: {fix}")
+        r.problems.append(f"nvidia-smi is installed but NVML found no GPU ({gq.problem}); fix: {fix}")
     if vm.available < 2 * 2**30:
         r.problems.append(f"only {vm.available / 2**30:.1f} GiB RAM available; fix: close other programs or use smaller models")
     return r

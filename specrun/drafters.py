@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .backend import Model
 from .sampling import Dist, Sampler
+
+if TYPE_CHECKING:
+    from .backend import Model
 
 
 @dataclass

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Model
 from .control import Controller, CostModel, Plan, calibrate, now
 from .drafters import ModelDrafter, NgramDrafter, Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
 from .sampling import Sampler, accept_or_resample
 from .stats import RoundStats, RunStats
+
+if TYPE_CHECKING:  # the engine never imports llama_cpp itself
+    from .backend import Model
 
 DRAFT_MODES = ("model", "ngram", "hybrid", "none")
 

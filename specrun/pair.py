@@ -67,8 +67,8 @@ def suggest_drafts(t: ModelInfo, candidates: dict[str, Path], exclude=frozenset(
     """Registry models present on disk whose vocabulary matches ``t``, smallest first."""
     found = []
     for name, path in candidates.items():
-        if path in exclude or not path.is_file():
-            continue
+        if path in exclude or not path.is_file() or path.stat().st_size >= t.file_size:
+            continue  # a draft must be smaller than its target; skip reading bigger headers
         try:
             m = model_info(path)
         except SpecrunError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
@@ -44,18 +45,50 @@ def run(t, d, settings, prompt, n=64, cost=None):
     return out, stats
 
 
+# llama.cpp's batched kernels differ from its one-token kernels by up to ~0.5 logit on this
+# Q4_K_M target, and a KV cache filled by batches differs slightly from one filled token by
+# token. specrun leaves near-ties (gap < --tie-margin) to a one-token step, but a tie closer
+# than the KV noise can still flip. So: identical, or the first difference sits at a position
+# where the plain run's own top-two gap is below the measured batch noise. A real bug (a
+# wrong accept, a bad rollback) shows up at a confident position and fails this.
+BATCH_NOISE = 0.5
+
+
+def plain_gaps(t, prompt, plain):
+    """Top-1 minus top-2 logit at each generated position, on the plain one-token path."""
+    toks = t.tokenize(prompt, add_special=False)
+    t.reset()
+    t.eval(toks[:-1], logits="none")
+    gaps = []
+    for x in (toks + plain)[len(toks) - 1 : len(toks) + len(plain) - 1]:
+        row = t.eval([x], logits="last")[0]
+        top2 = np.partition(row, -2)[-2:]
+        gaps.append(float(abs(top2[1] - top2[0])))
+    return gaps
+
+
+def check_same(label, out, plain, gaps):
+    i = next((j for j, (a, b) in enumerate(zip(out, plain)) if a != b), None)
+    if i is None:
+        assert len(out) == len(plain), label
+        return 0
+    assert gaps[i] < BATCH_NOISE, f"{label}: differs at {i}, where the plain gap is {gaps[i]:.3f} (confident)"
+    return 1
+
+
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
-def test_qwen_pair_is_token_identical_to_plain(pair, i):
+def test_qwen_pair_matches_plain_up_to_llama_cpp_batch_noise(pair, i):
     t, d = pair
     plain, _ = run(t, None, Settings("none"), PROMPTS[i])
+    gaps = plain_gaps(t, PROMPTS[i], plain)
     fixed, fs = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[i])
     hybrid, hs = run(t, d, Settings("hybrid", draft_max=8), PROMPTS[i])
     ngram, _ = run(t, None, Settings("ngram", draft_max=8), PROMPTS[i])
-    assert fixed == plain
-    assert hybrid == plain
-    assert ngram == plain
+    flips = sum(check_same(n, o, plain, gaps) for n, o in (("fixed", fixed), ("hybrid", hybrid), ("ngram", ngram)))
     assert fs.n_drafted > 0 and fs.acceptance_rate > 0.4
-    print(f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}")
+    near = sum(g < BATCH_NOISE for g in gaps)
+    print(f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}, "
+          f"{near}/{len(gaps)} positions are near-ties, {flips}/3 runs flipped one")
 
 
 def test_qwen_pair_detokenizes_to_sensible_code(pair):

@@ -10,13 +10,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .. import backend
 from ..bench import BASELINE, BenchResult, load_prompts, run_bench
 from ..control import CostStore
 from ..engine import DRAFT_MODES
 from ..errors import UsageError
 from ..sampling import Sampler
-from ..session import PairConfig, load_costs, open_pair
 from .common import (
     CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, FixedOpt, GpuLayersDraftOpt, GpuLayersOpt,
     NgramMaxOpt, NgramMinOpt, TieMarginOpt, NPredictOpt, PSplitOpt, RegistryOpt, TargetOpt, ThreadsOpt,
@@ -75,6 +73,9 @@ def register(app: typer.Typer) -> None:
         if dm is None:
             wanted = [m for m in wanted if m not in ("model", "hybrid")] or ["ngram"]
         settings = build_settings("none", draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
+        from .. import backend
+        from ..session import PairConfig, load_costs, open_pair  # loads llama_cpp
+
         cfg = PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose)
         err = stderr()
         pair = open_pair(target.path, dm.path if dm else None, cfg)

@@ -15,7 +15,6 @@ from ..chat import ChatSession
 from ..display import stats_table, status_line, summary_line
 from ..errors import SpecrunError
 from ..sampling import Sampler
-from ..session import OpenPair, PairConfig, open_pair
 from ..template import ChatTemplate
 from ..text import Utf8Stream
 from .common import (
@@ -78,6 +77,8 @@ def register(app: typer.Typer) -> None:
         target, dm = resolve_models(reg, model, draft_model, draft)
         settings = build_settings(draft, draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
         err = stderr()
+        from ..session import PairConfig, open_pair  # loads llama_cpp: only when chatting
+
         pair = open_pair(target.path, dm.path if dm else None, PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose))
         try:
             for n in pair.notices:
@@ -92,7 +93,7 @@ def register(app: typer.Typer) -> None:
 
 
 class Repl:
-    def __init__(self, pair: OpenPair, engine, system, n_predict: int, err):
+    def __init__(self, pair, engine, system, n_predict: int, err):
         info = pair.target_info
         tok = info.tokens
         bos = tok[info.bos_id] if info.bos_id is not None and 0 <= info.bos_id < len(tok) else ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from ..doctor import diagnose
 from .common import JsonOpt, print_json, stdout
 
 
@@ -14,6 +13,8 @@ def register(app: typer.Typer) -> None:
         """Check the llama_cpp build (version, GPU offload), NVIDIA driver and GPUs with free
         memory, system RAM, and the platform (WSL2, Apple Silicon). Prints one line per
         problem, each with its fix. Exits 1 if there is a problem."""
+        from ..doctor import diagnose  # loads llama_cpp
+
         report = diagnose()
         if json_out:
             print_json(report.to_json())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -14,9 +14,11 @@ from ..engine import Engine, Settings
 from ..errors import InputError, UsageError
 from ..registry import Registry
 from ..sampling import Sampler
-from ..session import OpenPair, PairConfig, load_costs, open_pair
 from ..template import ChatTemplate, render_chat
 from ..text import Utf8Stream
+
+if TYPE_CHECKING:
+    from ..session import OpenPair
 from .common import (
     DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED,
     CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, DraftModeOpt, FixedOpt, GpuLayersDraftOpt,
@@ -103,6 +105,7 @@ def chat_prompt(pair: OpenPair, messages: list[dict], warn) -> tuple[str, bool]:
 
 def prepare_engine(pair: OpenPair, settings: Settings, sampler: Sampler, err) -> tuple[Engine, CostStore]:
     """An engine with this machine's stored cost model, calibrated once if there is none."""
+    from ..session import load_costs
     store = CostStore(cache_dir() / "costs.json")
     engine = Engine(pair.target, pair.draft, settings, sampler, load_costs(store, pair.cost_key))
     if settings.sources and not settings.fixed and not engine.cost.verify:
@@ -162,6 +165,8 @@ def register(app: typer.Typer) -> None:
         reg = load_registry(registry)
         target, dm = resolve_models(reg, model, draft_model, draft)
         settings = build_settings(draft, draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
+        from ..session import PairConfig, open_pair  # loads llama_cpp: only when generating
+
         cfg = PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose)
         pair = open_pair(target.path, dm.path if dm else None, cfg)
         try:
