@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-EWMA = 0.08
+EWMA = 0.15
 OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
@@ -158,8 +158,9 @@ class Controller:
         self.acc = {
             "model": [0.7] * draft_max,
             "ngram": [0.4] * draft_max,
-            "ngram+": [0.9] * draft_max,  # continuing an accepted span
+            "ngram+": [0.7] * draft_max,  # continuing an accepted span
         }
+        self.seen = {t: [0] * draft_max for t in self.acc}  # observations per position
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
         self.idle = {s: 0 for s in sources}  # rounds since a source was last used
         self.probe_every = {s: PROBE_MIN for s in sources}
@@ -176,7 +177,7 @@ class Controller:
     def best_k(self, table: str, source: str, k_max: int) -> tuple[int, float]:
         """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate."""
         best_k, best_rate = 0, 1.0 / self.cost.verify_cost(1)
-        acc, d = self.acc[table], self._draft_cost(source)
+        acc, d = self.acceptance(table), self._draft_cost(source)
         total, reach = 1.0, 1.0
         for k in range(1, k_max + 1):
             reach *= acc[k - 1]
@@ -187,6 +188,16 @@ class Controller:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
+
+    def acceptance(self, table: str) -> list[float]:
+        """Per-position acceptance; a position never drafted takes the estimate of the last
+        one that was, so good news at position 2 lets the controller try position 3."""
+        est, seen = self.acc[table], self.seen[table]
+        out, last = [], None
+        for a, n in zip(est, seen):
+            last = a if n or last is None else last
+            out.append(last)
+        return out
 
     def plan(self, ngram_available: int = 0, ngram_continued: bool = False, room: int | None = None) -> Plan:
         """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer;
@@ -259,17 +270,21 @@ class Controller:
             self.cost.observe_draft(drafted, draft_s)
         if not drafted:
             return
-        table = self.acc["ngram+" if plan.source == "ngram" and continued else plan.source]
+        name = "ngram+" if plan.source == "ngram" and continued else plan.source
+        table, seen = self.acc[name], self.seen[name]
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected
         for i in range(min(drafted, accepted + 1)):
             hit = 1.0 if i < accepted else 0.0
+            if not seen[i]:  # first look at this position: start from what the one before knows
+                table[i] = self.acceptance(name)[i]
+            seen[i] += 1
             table[i] += EWMA * (hit - table[i])
             if confidences and i < len(confidences):
                 b = min(CONF_BINS - 1, int(confidences[i] * CONF_BINS))
                 self.conf_acc[b] += EWMA * (hit - self.conf_acc[b])
         if plan.probe:
             # a probe that paid for itself resets its source's probing interval
-            k_rate = expected_tokens(table, drafted) / (verify_s + draft_s)
+            k_rate = expected_tokens(self.acceptance(name), drafted) / (verify_s + draft_s)
             if k_rate > 1.0 / self.cost.verify_cost(1):
                 self.probe_every[plan.source] = PROBE_MIN
 
