@@ -93,7 +93,7 @@ DraftMaxOpt = Annotated[
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 DraftMinOpt = Annotated[int, typer.Option("--draft-min", help="Drafts shorter than this are dropped (the round decodes plainly).")]
 PSplitOpt = Annotated[float, typer.Option("--draft-p-split", help="The model drafter stops when its top-token probability falls below this (adaptive mode tunes it).")]
-FixedOpt = Annotated[bool, typer.Option("--fixed", help="Turn adaptive control off: always draft --draft-max tokens with the chosen drafter.")]
+FixedOpt = Annotated[bool, typer.Option("--fixed", help="Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-split; use 0 to always draft all).")]
 NgramMinOpt = Annotated[int, typer.Option("--ngram-min", help="Shortest suffix the n-gram drafter matches.")]
 NgramMaxOpt = Annotated[int, typer.Option("--ngram-max", help="Longest suffix the n-gram drafter matches.")]
 TieMarginOpt = Annotated[
