@@ -255,7 +255,7 @@ def test_sigterm_at_the_prompt_exits_143(spawn):
     t0 = time.monotonic()
     os.kill(t.pid, signal.SIGTERM)
     assert t.wait() == 143
-    assert time.monotonic() - t0 < 10  # now, not after the next line
+    assert time.monotonic() - t0 < 30  # now, not after the next line (generous: loaded CI machines)
     t.expect(r"^session: ")
 
 

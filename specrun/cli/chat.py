@@ -127,7 +127,11 @@ class Repl:
                     import readline  # noqa: F401  line editing and history for input()
                 except ImportError:
                     pass
-                return input("> ")
+                self.at_prompt = True
+                try:
+                    return input("> ")
+                finally:
+                    self.at_prompt = False
             line = sys.stdin.readline()
             if not line:
                 raise EOFError
@@ -135,7 +139,40 @@ class Repl:
         finally:
             signal.signal(signal.SIGTERM, old)
 
+    def _watch_sigterm(self) -> None:
+        """A SIGTERM that lands between readline's signal check and its select() is only seen
+        after the next keystroke (a race in readline's input loop). Signals also write their
+        number to a wakeup pipe; this thread reads it and, while the prompt is waiting, prints
+        the session summary and exits 143 itself. During a reply the engine's flag handles it."""
+        import os
+        import threading
+
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            signal.set_wakeup_fd(w)
+        except ValueError:  # not the main thread: rely on the handlers alone
+            return
+
+        def watch():
+            while True:
+                data = os.read(r, 64)
+                if not data:
+                    return
+                if signal.SIGTERM in data and self.at_prompt:
+                    try:
+                        self.err.print()
+                        self.err.print(summary_line(self.session.totals, label="session: "), style="dim", soft_wrap=True)
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(143)
+
+        threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
+
     def run(self) -> int:
+        self.at_prompt = False
+        if self.interactive:
+            self._watch_sigterm()
         if self.interactive:
             self.err.print(f"specrun chat: {self.pair.target_info.name}" + (f" + {self.pair.draft_info.name}" if self.pair.draft_info else "") + ". /help for commands, Ctrl-D to leave.", style="dim")
         with SignalStop() as sig:
