@@ -121,11 +121,14 @@ def register(app: typer.Typer) -> None:
         return 0
 
 
-def _rows(result: BenchResult):
-    data = result.to_json()
-    for cls, modes in data["classes"].items():
-        for mode, s in modes.items():
-            yield cls, mode, s
+def _summary_rows(result: BenchResult, data: dict):
+    """(class, mode, summary, acceptance-by-position text) in display order, overall last."""
+    classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
+    for cls in classes:
+        for mode in result.modes:
+            s = data["classes"][cls].get(mode)
+            if s is not None:
+                yield cls, mode, s, " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8]) or "-"
 
 
 def to_markdown(result: BenchResult) -> str:
@@ -137,17 +140,11 @@ def to_markdown(result: BenchResult) -> str:
         "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len | accept by position | same text as plain |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
-    for cls in classes:
-        for mode in result.modes:
-            s = data["classes"][cls].get(mode)
-            if s is None:
-                continue
-            pos = " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8])
-            out.append(
-                f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
-                f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos or '-'} | {'yes' if s['identical_to_plain'] else 'NO'} |"
-            )
+    for cls, mode, s, pos in _summary_rows(result, data):
+        out.append(
+            f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
+            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {'yes' if s['identical_to_plain'] else 'NO'} |"
+        )
     cm = data["cost_model"]
     out += ["", "Cost model (relative to one target token):", ""]
     out.append("| verify batch | " + " | ".join(cm["verify_relative"]) + " |")
@@ -170,14 +167,8 @@ def tables(result: BenchResult):
     t = Table(title="specrun bench", title_justify="left")
     for col in ("class", "mode", "tok/s", "± sd", "speedup", "accept", "mean len", "by position"):
         t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
-    classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
-    for cls in classes:
-        for mode in result.modes:
-            s = data["classes"][cls].get(mode)
-            if s is None:
-                continue
-            pos = " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8])
-            t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos or "-")
+    for cls, mode, s, pos in _summary_rows(result, data):
+        t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos)
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
     for b in data["cost_model"]["verify_relative"]:

@@ -15,7 +15,6 @@ from ..chat import ChatSession
 from ..display import stats_table, status_line, summary_line
 from ..errors import SpecrunError
 from ..sampling import Sampler
-from ..template import ChatTemplate
 from ..text import Utf8Stream
 from .common import (
     CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, DraftModeOpt, FixedOpt, GpuLayersDraftOpt,
@@ -23,7 +22,7 @@ from .common import (
     SignalStop, TargetOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VerboseOpt, check_range,
     default_threads, load_registry, stderr, stdout,
 )
-from .generate import build_settings, prepare_engine, resolve_models
+from .generate import build_settings, model_template, prepare_engine, resolve_models
 
 HELP_TEXT = """commands:
   /stats          this session's numbers, with acceptance per draft position
@@ -94,10 +93,6 @@ def register(app: typer.Typer) -> None:
 
 class Repl:
     def __init__(self, pair, engine, system, n_predict: int, err):
-        info = pair.target_info
-        tok = info.tokens
-        bos = tok[info.bos_id] if info.bos_id is not None and 0 <= info.bos_id < len(tok) else ""
-        eos = tok[info.eos_id] if info.eos_id is not None and 0 <= info.eos_id < len(tok) else ""
         self.pair = pair
         self.err = err
         self.out = stdout()
@@ -105,7 +100,7 @@ class Repl:
         self.interactive = sys.stdin.isatty()
         self.n_predict = n_predict
         self.warned: set[str] = set()
-        self.session = ChatSession(engine, ChatTemplate(info.chat_template, bos, eos), system, self.warn)
+        self.session = ChatSession(engine, model_template(pair), system, self.warn)
         self.exit_code = 0
 
     def warn(self, msg: str) -> None:

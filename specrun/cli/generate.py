@@ -92,14 +92,23 @@ def build_settings(draft, draft_max, draft_min, p_split, fixed, ngram_min, ngram
     return Settings(mode, draft_max, draft_min, p_split, fixed, ngram_min, ngram_max, tie_margin)
 
 
-def chat_prompt(pair: OpenPair, messages: list[dict], warn) -> tuple[str, bool]:
-    """Render messages with the model's template. Returns (text, add_special)."""
+def model_template(pair: OpenPair) -> ChatTemplate:
+    """The target's chat template, with its BOS and EOS token texts."""
     info = pair.target_info
     tok = info.tokens
-    bos = tok[info.bos_id] if info.bos_id is not None and 0 <= info.bos_id < len(tok) else ""
-    eos = tok[info.eos_id] if info.eos_id is not None and 0 <= info.eos_id < len(tok) else ""
-    text = render_chat(ChatTemplate(info.chat_template, bos, eos), messages, warn)
+
+    def text(i):
+        return tok[i] if i is not None and 0 <= i < len(tok) else ""
+
+    return ChatTemplate(info.chat_template, text(info.bos_id), text(info.eos_id))
+
+
+def chat_prompt(pair: OpenPair, messages: list[dict], warn) -> tuple[str, bool]:
+    """Render messages with the model's template. Returns (text, add_special)."""
+    tmpl = model_template(pair)
+    text = render_chat(tmpl, messages, warn)
     # templates that write the BOS text themselves must not get a second one from the tokenizer
+    bos = tmpl.bos_token
     return text, not (bos and text.startswith(bos))
 
 
