@@ -13,17 +13,24 @@ K that maximise the expected tokens per second::
 ``c`` is a measured curve, not a formula: on a CPU four tokens cost ~2.4 single steps but
 sixteen verify faster than twelve (a GEMM path takes over); on a GPU c is nearly flat. It is
 calibrated once per target and machine (and stored), then refined online with every round,
-as are ``d`` and the ``a_j`` (exponential moving averages). N-gram runs that continue a span
-just accepted have their own acceptance table: they are far more reliable than fresh matches.
+as are ``d`` and the draft model's ``a_j`` (exponential moving averages).
+
+N-gram guesses are copies of an earlier span, and a copy that has already matched L tokens is
+far likelier to go on matching than a fresh two-token match (code editing returns whole
+files; chat rarely repeats itself). So their ``a_j`` come from a ``CopyModel``: the chance
+that a copy continues, by how long it already is (``a_j = p(L + j - 1)``). N-gram guesses
+cost nothing to make, so every round scores the one on offer against what the target
+actually produced, drafted or not: the model learns from every token, and a copy that
+starts to pay is taken up at once, without probing.
 
 p-split (the model drafter stops when its top-token probability falls below it) is set to
 the lowest confidence at which a draft token still pays: a draft token of confidence c is
 worth proposing if acc(c) * c(1) > d + (c(K + 2) - c(K + 1)), with acc(c) measured per
 confidence bin.
 
-K = 0 is a valid outcome. A source not chosen for a while is probed with a short draft, at an
-interval that doubles after each probe that does not win (16 rounds up to 256), in case
-things change. The draft model is only drafted or probed while it *could* pay: with an
+K = 0 is a valid outcome. The draft model, when not chosen for a while, is probed with a
+short draft, at an interval that doubles after each probe that does not win (16 rounds up to
+256), in case things change. The draft model is only drafted or probed while it *could* pay: with an
 optimistic acceptance (``max(0.9, measured)`` at every position) its best rate must beat
 plain decoding by 5%. Where verifying is nearly as dear per token as decoding and the draft
 costs half the target (a CPU), it cannot, so it is never run and its cache never has to
@@ -33,8 +40,10 @@ catch up; on a GPU it easily can.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +52,10 @@ OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
 CONF_BINS = 10
+COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
+# (0 and 1: a copy just past an edit the n-gram drafter learned)
+COPY_DECAY = 0.99  # per observation: a bin remembers its last ~100 tokens
+COPY_PRIOR_WEIGHT = 4.0  # the prior counts as this many observations
 
 
 @dataclass(frozen=True)
@@ -79,7 +92,12 @@ class CostModel:
 
     def observe_verify(self, b: int, seconds: float) -> None:
         old = self.verify.get(b)
-        self.verify[b] = seconds if old is None else old + EWMA * (seconds - old)
+        if old is None:
+            # a size never measured: start from the curve, not from one noisy sample
+            old = self.verify_cost(b) if self.verify else seconds
+        # one slow round (a page fault, another process) moves the estimate by a bounded step
+        seconds = min(seconds, 2.0 * old)
+        self.verify[b] = old + EWMA * (seconds - old)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens <= 0:
@@ -130,6 +148,43 @@ class CostStore:
             pass
 
 
+class CopyModel:
+    """P(the next token continues a copy | the copy has already matched L tokens), per bin of L.
+
+    Each bin is a decayed hit/total count, shrunk towards a prior that rises with L (a short
+    match is weak evidence, a long one strong) until the bin has data of its own.
+    """
+
+    def __init__(self):
+        self.hits = [0.0] * len(COPY_BINS)
+        self.total = [0.0] * len(COPY_BINS)
+
+    @staticmethod
+    def prior(length: int) -> float:
+        return min(0.9, 0.3 + 0.15 * math.log2(max(length, 2) / 2))
+
+    @staticmethod
+    def _bin(length: int) -> int:
+        return max(0, bisect_right(COPY_BINS, length) - 1)
+
+    def p(self, length: int) -> float:
+        b = self._bin(length)
+        return (self.hits[b] + COPY_PRIOR_WEIGHT * self.prior(COPY_BINS[b])) / (self.total[b] + COPY_PRIOR_WEIGHT)
+
+    def acceptance(self, length: int, k: int) -> list[float]:
+        """a_1..a_k for a k-token copy proposed after ``length`` matched tokens."""
+        return [self.p(length + j) for j in range(k)]
+
+    def observe(self, length: int, proposed: list[int], actual: list[int]) -> None:
+        """Score a copy against the tokens that really followed, up to the first miss."""
+        for j, (x, y) in enumerate(zip(proposed, actual)):
+            b = self._bin(length + j)
+            self.hits[b] = self.hits[b] * COPY_DECAY + (x == y)
+            self.total[b] = self.total[b] * COPY_DECAY + 1.0
+            if x != y:
+                break
+
+
 def expected_tokens(acc: list[float], k: int) -> float:
     total, reach = 1.0, 1.0
     for i in range(k):
@@ -155,16 +210,12 @@ class Controller:
         self.fixed = fixed
         self.cost = cost
         self.p_split = p_split
-        self.acc = {
-            "model": [0.7] * draft_max,
-            "ngram": [0.4] * draft_max,
-            "ngram+": [0.7] * draft_max,  # continuing an accepted span
-        }
-        self.seen = {t: [0] * draft_max for t in self.acc}  # observations per position
+        self.acc = {"model": [0.7] * draft_max}  # the draft model's a_j, by position
+        self.seen = {"model": [0] * draft_max}  # observations per position
+        self.copy = CopyModel()  # the n-gram source's a_j, by copy length
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
-        self.idle = {s: 0 for s in sources}  # rounds since a source was last used
-        self.probe_every = {s: PROBE_MIN for s in sources}
-        self.probing: str | None = None
+        self.idle = 0  # rounds since the draft model was last run
+        self.probe_every = PROBE_MIN
 
     # --- planning ------------------------------------------------------------------
 
@@ -174,12 +225,12 @@ class Controller:
         d = self.cost.draft_per_token
         return d if d is not None else 0.5 * self.cost.verify_cost(1)
 
-    def best_k(self, table: str, source: str, k_max: int) -> tuple[int, float]:
-        """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate."""
+    def best_k(self, acc: list[float], d: float, k_max: int) -> tuple[int, float]:
+        """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate,
+        for per-position acceptance ``acc`` and draft cost ``d`` per token."""
         best_k, best_rate = 0, 1.0 / self.cost.verify_cost(1)
-        acc, d = self.acceptance(table), self._draft_cost(source)
         total, reach = 1.0, 1.0
-        for k in range(1, k_max + 1):
+        for k in range(1, min(k_max, len(acc)) + 1):
             reach *= acc[k - 1]
             total += reach
             if k < self.draft_min:
@@ -189,7 +240,7 @@ class Controller:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
-    def acceptance(self, table: str) -> list[float]:
+    def acceptance(self, table: str = "model") -> list[float]:
         """Per-position acceptance; a position never drafted takes the estimate of the last
         one that was, so good news at position 2 lets the controller try position 3."""
         est, seen = self.acc[table], self.seen[table]
@@ -199,9 +250,10 @@ class Controller:
             out.append(last)
         return out
 
-    def plan(self, ngram_available: int = 0, ngram_continued: bool = False, room: int | None = None) -> Plan:
-        """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer;
-        ``room``: how many draft tokens the context and the token budget still allow."""
+    def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None) -> Plan:
+        """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer,
+        ``ngram_match``: how many tokens its copy has already matched; ``room``: how many
+        draft tokens the context and the token budget still allow."""
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
@@ -213,34 +265,29 @@ class Controller:
             s = usable[0]
             return Plan(s, lengths[s], self.p_split if s == "model" else 0.0)
 
-        for s in self.sources:
-            self.idle[s] += 1
-        best = Plan("none", 0)
-        best_rate = 1.0 / self.cost.verify_cost(1)
+        self.idle += 1
+        best, best_rate = Plan("none", 0), 1.0 / self.cost.verify_cost(1)
         for s in usable:
-            table = "ngram+" if s == "ngram" and ngram_continued else s
-            k, rate = self.best_k(table, s, lengths[s])
+            if s == "ngram":
+                k, rate = self.best_k(self.copy.acceptance(ngram_match, lengths[s]), 0.0, lengths[s])
+            else:
+                k, rate = self.best_k(self.acceptance(), self._draft_cost(s), lengths[s])
             if k and rate > best_rate:
-                best, best_rate = Plan(s, k, self._p_split(k)), rate
-        if best.source == "none" or any(self.idle[s] > self.probe_every[s] for s in usable):
-            for s in usable:
-                if s != best.source and self.idle[s] > self.probe_every[s]:
-                    self.probe_every[s] = min(PROBE_MAX, self.probe_every[s] * 2)
-                    k = min(lengths[s], max(self.draft_min, 2))
-                    best = Plan(s, k, self._p_split(k), probe=True)
-                    break
-        if best.source in self.idle:
-            self.idle[best.source] = 0
+                best, best_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate
+        if "model" in usable and best.source != "model" and self.idle > self.probe_every:
+            # the draft model has not been run for a while: try a short draft, in case
+            # things changed (the n-gram source needs no probing: it is scored every round)
+            self.probe_every = min(PROBE_MAX, self.probe_every * 2)
+            k = min(lengths["model"], max(self.draft_min, 2))
+            best = Plan("model", k, self._p_split(k), probe=True)
+        if best.source == "model":
+            self.idle = 0
         return best
 
     def model_can_pay(self, k_max: int) -> bool:
         """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
-        saved = self.acc["model"]
-        self.acc["model"] = [max(OPTIMISTIC_ACCEPTANCE, a) for a in saved]
-        try:
-            k, rate = self.best_k("model", "model", k_max)
-        finally:
-            self.acc["model"] = saved
+        optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc["model"]]
+        k, rate = self.best_k(optimistic, self._draft_cost("model"), k_max)
         return k > 0 and rate > MODEL_MARGIN / self.cost.verify_cost(1)
 
     def _p_split(self, k: int) -> float:
@@ -263,33 +310,37 @@ class Controller:
         verify_s: float,
         draft_s: float,
         confidences: list[float] | None = None,
-        continued: bool = False,
     ) -> None:
         self.cost.observe_verify(drafted + 1, verify_s)
-        if plan.source == "model" and drafted:
-            self.cost.observe_draft(drafted, draft_s)
-        if not drafted:
-            return
-        name = "ngram+" if plan.source == "ngram" and continued else plan.source
-        table, seen = self.acc[name], self.seen[name]
+        if plan.source != "model" or not drafted:
+            return  # n-gram guesses are scored by observe_copy, drafted or not
+        self.cost.observe_draft(drafted, draft_s)
+        table, seen = self.acc["model"], self.seen["model"]
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected
         for i in range(min(drafted, accepted + 1)):
             hit = 1.0 if i < accepted else 0.0
             if not seen[i]:  # first look at this position: start from what the one before knows
-                table[i] = self.acceptance(name)[i]
+                table[i] = self.acceptance()[i]
             seen[i] += 1
             table[i] += EWMA * (hit - table[i])
             if confidences and i < len(confidences):
                 b = min(CONF_BINS - 1, int(confidences[i] * CONF_BINS))
                 self.conf_acc[b] += EWMA * (hit - self.conf_acc[b])
         if plan.probe:
-            # a probe that paid for itself resets its source's probing interval
-            k_rate = expected_tokens(self.acceptance(name), drafted) / (verify_s + draft_s)
+            # a probe that paid for itself resets the probing interval
+            k_rate = expected_tokens(self.acceptance(), drafted) / (verify_s + draft_s)
             if k_rate > 1.0 / self.cost.verify_cost(1):
-                self.probe_every[plan.source] = PROBE_MIN
+                self.probe_every = PROBE_MIN
+
+    def observe_copy(self, match: int, proposed: list[int], emitted: list[int]) -> None:
+        """The n-gram proposal on offer this round (used or not) against what was emitted."""
+        self.copy.observe(match, proposed, emitted)
 
 
-def calibrate(measure, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), repeats: int = 2) -> CostModel:
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
+
+
+def calibrate(measure, sizes=CALIBRATION_SIZES, repeats: int = 3) -> CostModel:
     """Build a cost model from ``measure(b) -> seconds`` for each batch size (best of repeats)."""
     cost = CostModel()
     for b in sizes:

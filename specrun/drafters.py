@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 class Proposal:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)  # q_i, the law each token was drawn from
-    continued: bool = False  # n-gram only: the run continues a span that was just accepted
+    match: int = 0  # n-gram only: how many tokens before the guesses already match the source
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, k: int) -> Proposal:
-        return Proposal(self.tokens[:k], self.dists[:k], self.continued)
+        return Proposal(self.tokens[:k], self.dists[:k], self.match)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -85,8 +85,10 @@ class ModelDrafter:
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode, measured past the cache, then undone."""
         base = self.model.n_past
+        self.model.eval([token], logits="last")  # warm-up: the first decode after a load is slow
+        self.model.rollback(base)
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             t = time.perf_counter()
             self.model.eval([token], logits="last")
             best = min(best, time.perf_counter() - t)
@@ -125,12 +127,20 @@ class NgramDrafter:
     """Prompt lookup: find the longest recent suffix (n in [n_min, n_max]) that occurred
     earlier in the prompt or output, and propose what followed it. Costs no model time.
 
-    Once a run from a source span is accepted, the next call continues from the same span
-    (``continued=True``) without searching: in code editing and summarising, the output keeps
-    copying the input, so one match pays for hundreds of tokens.
+    Once a copy is under way, the next call continues from the same source span without
+    searching, as long as the sequence has kept copying it: in code editing and summarising
+    the output copies the input for hundreds of tokens. Each proposal says how long its copy
+    already is (``match``): the controller trusts long copies more.
+
+    Edits are learned: when an established copy breaks because the target wrote Y where the
+    source has X (a rename, say), the copy goes on past it, and from then on every X in a
+    proposal is written as Y. A learned edit that turns out wrong is replaced by what the
+    target wrote instead, or dropped.
     """
 
     name = "ngram"
+    MATCH_CAP = 64
+    EDIT_MIN_MATCH = 4  # a copy must have matched this many tokens before a break counts as an edit
 
     def __init__(self, n_min: int = 2, n_max: int = 6):
         if not 1 <= n_min <= n_max:
@@ -138,12 +148,14 @@ class NgramDrafter:
         self.n_min, self.n_max = n_min, n_max
         self._seen: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest occurrence
-        self._follow: tuple[int, int] | None = None  # (sequence position, source position) of a copy
+        self._follow: tuple[int, int, int] | None = None  # (sequence length, source position, match) of a copy
+        self.edits: dict[int, int] = {}  # source token -> what the target writes instead
 
     def _update(self, tokens: list[int]) -> None:
         n_old = len(self._seen)
         if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
             self._seen, self._index, self._follow, n_old = [], {}, None, 0
+            self.edits = {}
         # index n-grams that end before the current last token (the suffix itself is the query)
         for end in range(max(n_old, 1), len(tokens)):
             for n in range(self.n_min, self.n_max + 1):
@@ -151,28 +163,56 @@ class NgramDrafter:
                     self._index[tuple(tokens[end - n : end])] = end
         self._seen = list(tokens)
 
+    def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
+        """Propose the k source tokens from ``src`` on, with the learned edits applied."""
+        edits = self.edits
+        run = [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
+        self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
+        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
+
+    def _continue(self, tokens: list[int], k: int) -> Proposal | None:
+        """Go on with the copy under way, learning an edit where it broke. None: no copy."""
+        if self._follow is None:
+            return None
+        seq_end, src, match = self._follow
+        grown = len(tokens) - seq_end  # what the last round added: drafts accepted, then one token
+        nxt = src + grown
+        if grown <= 0 or nxt >= len(tokens):
+            return None
+        was = [self.edits.get(t, t) for t in tokens[src:nxt]]
+        got = tokens[seq_end:]
+        if got == was:
+            return self._copy(tokens, nxt, k, match + grown)
+        if got[:-1] != was[:-1]:  # pragma: no cover - a round only ever differs at its last token
+            return None
+        source_token, written = tokens[nxt - 1], got[-1]
+        if written == source_token:
+            self.edits.pop(source_token, None)  # a learned edit was wrong here: the source stands
+        elif match + grown - 1 >= self.EDIT_MIN_MATCH:  # the copy had matched this much before the break
+            self.edits[source_token] = written
+        else:
+            self.edits.pop(source_token, None)
+            return None
+        return self._copy(tokens, nxt, k, 0)  # past the edit; a fresh edit starts with no evidence
+
     def propose(self, tokens: list[int], k: int) -> Proposal:
         if k <= 0 or len(tokens) < self.n_min + 1:
             return Proposal()
-        # 1. keep copying the span we were following, if the sequence has kept copying it
-        if self._follow is not None:
-            seq_pos, src_pos = self._follow
-            grown = len(tokens) - seq_pos
-            nxt = src_pos + grown
-            if 0 < grown and nxt < len(tokens) and tokens[seq_pos:] == tokens[src_pos:nxt]:
-                self._update(tokens)
-                run = tokens[nxt : nxt + k]
-                self._follow = (len(tokens), nxt)
-                return Proposal(run, [Dist.one_hot(t) for t in run], continued=True)
-        # 2. otherwise look the longest suffix up
         self._update(tokens)
+        # 1. keep copying the span we were following, if the sequence has kept copying it
+        out = self._continue(tokens, k)
+        if out is not None:
+            return out
+        # 2. otherwise look the longest suffix up, and count how far back the match goes
         self._follow = None
+        end = len(tokens)
         for n in range(self.n_max, self.n_min - 1, -1):
-            if len(tokens) <= n:
+            if end <= n:
                 continue
-            start = self._index.get(tuple(tokens[len(tokens) - n :]))
-            if start is not None and start < len(tokens):
-                run = tokens[start : start + k]
-                self._follow = (len(tokens), start)
-                return Proposal(run, [Dist.one_hot(t) for t in run])
+            src = self._index.get(tuple(tokens[end - n :]))
+            if src is not None and src < end:
+                match = n
+                while match < self.MATCH_CAP and match < src and tokens[end - 1 - match] == tokens[src - 1 - match]:
+                    match += 1
+                return self._copy(tokens, src, k, match)
         return Proposal()

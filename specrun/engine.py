@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .control import Controller, CostModel, Plan, calibrate, now
+from .control import CALIBRATION_SIZES, Controller, CostModel, Plan, calibrate, now
 from .drafters import ModelDrafter, NgramDrafter, Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
 from .sampling import Sampler, accept_or_resample
@@ -230,7 +230,8 @@ class Engine:
             self.target.rollback(base)
             return dt
 
-        sizes = [b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if b <= min(room, self.settings.draft_max + 1)]
+        measure(1)  # the first decode after a load or a pause is slow: not part of the curve
+        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.draft_max + 1)]
         cal = calibrate(measure, sizes)
         self.cost.verify.update(cal.verify)
         if self.model_drafter is not None and self.model_drafter.model.n_ctx > self.model_drafter.model.n_past:
@@ -262,19 +263,20 @@ class Engine:
                 if room < 0:
                     reason = "context"
                     break
-                plan, proposal = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
+                plan, copy = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
                 if force_plain:
-                    plan, proposal = Plan("none", 0), None
-                emitted, rnd, draft = speculative_round(
+                    plan = Plan("none", 0)
+                emitted, rnd, _ = speculative_round(
                     self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, proposal, self.settings.tie_margin,
+                    self.settings.draft_min, copy if plan.source == "ngram" else None, self.settings.tie_margin,
                 )
                 force_plain = rnd.drafted > 0 and len(emitted) == rnd.accepted  # a near-tie was deferred
                 self.controller.observe(
                     plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s,
                     self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,
-                    draft.continued,
                 )
+                if copy:  # the n-gram guess on offer, used or not, against what the target produced
+                    self.controller.observe_copy(copy.match, copy.tokens, emitted)
                 for i, t in enumerate(emitted):
                     if self.target.is_eog(t):
                         emitted = emitted[: i + 1]
@@ -292,15 +294,16 @@ class Engine:
             stats.finish_reason = reason or "interrupted"
 
     def _plan(self, tokens: list[int], room: int) -> tuple[Plan, Proposal | None]:
-        proposal = self.ngram.propose(tokens, max(0, min(room, self.settings.draft_max))) if self.ngram else None
+        """The controller's plan, and the n-gram proposal on offer (if any)."""
+        copy = self.ngram.propose(tokens, max(0, min(room, self.settings.draft_max))) if self.ngram else None
         plan = self.controller.plan(
-            ngram_available=len(proposal) if proposal is not None else 0,
-            ngram_continued=bool(proposal and proposal.continued),
+            ngram_available=len(copy) if copy is not None else 0,
+            ngram_match=copy.match if copy is not None else 0,
             room=room,
         )
         if plan.source == "model" and self.model_drafter is not None:
             self.model_drafter.p_split = plan.p_split
-        return plan, proposal if plan.source == "ngram" else None
+        return plan, copy
 
     def _drafter(self, plan: Plan):
         if plan.source == "model":

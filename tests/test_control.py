@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrun.control import Controller, CostModel, CostStore, expected_tokens
+from specrun.control import Controller, CopyModel, CostModel, CostStore, expected_tokens
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -13,23 +13,48 @@ CPU_CURVE = {b: b / tps for b, tps in CPU_TPS.items()}
 GPU_CURVE = {b: 0.020 * (1 + 0.01 * (b - 1)) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)}
 
 
-def simulate(curve, draft_cost, accept, sources=("model",), rounds=400, seed=0, ngram_len=0, continued=False):
-    """Drive the controller with a world where every draft position is accepted with
-    probability `accept`; return the K it chose in the last half of the rounds."""
+def simulate(curve, draft_cost, accept, rounds=400, seed=0):
+    """Drive the controller with a draft model whose every position is accepted with
+    probability `accept`; return the (source, K, probe) it chose in the last half."""
     cost = CostModel(dict(curve), draft_per_token=draft_cost)
-    ctrl = Controller(list(sources), draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=cost)
+    ctrl = Controller(["model"], draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=cost)
     rng = np.random.default_rng(seed)
     chosen = []
     for i in range(rounds):
-        plan = ctrl.plan(ngram_available=ngram_len, ngram_continued=continued, room=1000)
+        plan = ctrl.plan(room=1000)
         n = 0
         while n < plan.k and rng.random() < accept:
             n += 1
         d = draft_cost * plan.k if plan.source == "model" else 0.0
-        ctrl.observe(plan, plan.k, n, cost.verify_cost(plan.k + 1), d, [0.9] * plan.k, continued)
+        ctrl.observe(plan, plan.k, n, cost.verify_cost(plan.k + 1), d, [0.9] * plan.k)
         if i >= rounds // 2:
             chosen.append((plan.source, plan.k, plan.probe))
     return chosen
+
+
+def simulate_copy(curve, cont, fresh_match=2, tokens=3000, seed=0):
+    """A text where a copy, once found (``fresh_match`` tokens long), goes on with
+    probability ``cont`` per token. Returns (chosen K per round, tokens per unit of time
+    relative to plain decoding)."""
+    cost = CostModel(dict(curve))
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=32, p_split=0.5, fixed=False, cost=cost)
+    rng = np.random.default_rng(seed)
+    match, made, spent, ks = fresh_match, 0, 0.0, []
+    while made < tokens:
+        plan = ctrl.plan(ngram_available=32, ngram_match=match, room=1000)
+        run = 0  # how many of the 32 offered tokens the target would write
+        while run < 32 and rng.random() < cont:
+            run += 1
+        offered = [7] * 32
+        # the accepted drafts, then the target's own token: the copy's next one, or another
+        written = [7] * min(run, plan.k) + ([7] if run > plan.k else [8])
+        ctrl.observe(plan, plan.k, min(run, plan.k), cost.verify_cost(plan.k + 1), 0.0)
+        ctrl.observe_copy(match, offered, written)
+        made += len(written)
+        spent += cost.verify_cost(plan.k + 1)
+        match = match + len(written) if written[-1] == 7 else fresh_match
+        ks.append(plan.k)
+    return ks, made / spent * cost.verify_cost(1)
 
 
 def test_expensive_verify_and_draft_choose_plain_decoding():
@@ -49,12 +74,6 @@ def test_the_draft_model_comes_back_when_costs_change():
     assert plan.source == "model" and plan.k >= 3 and plan.p_split < 0.5
 
 
-def test_hybrid_probes_the_ngram_source_now_and_then():
-    chosen = simulate(CPU_CURVE, 0.0, accept=0.05, sources=("ngram",), ngram_len=4, rounds=600)
-    assert any(probe for _, _, probe in chosen)
-    assert sum(1 for _, k, _ in chosen if k) / len(chosen) < 0.1
-
-
 def test_cheap_accepted_drafts_choose_a_long_draft():
     chosen = simulate(GPU_CURVE, draft_cost=0.002, accept=0.9)
     ks = [k for s, k, probe in chosen if not probe]
@@ -67,18 +86,46 @@ def test_a_poor_draft_on_a_gpu_still_drafts_less():
     assert np.median([k for _, k, _ in poor]) < np.median([k for _, k, _ in good])
 
 
-def test_continued_ngram_runs_use_the_cheap_wide_verify_on_a_cpu():
+def test_long_copies_use_the_cheap_wide_verify_on_a_cpu():
     # copying text: n-gram guesses cost nothing and are nearly always right; the CPU curve
     # makes 16-token verifies cheap per token, so a long run pays
-    chosen = simulate(CPU_CURVE, 0.0, accept=0.97, sources=("ngram",), ngram_len=16, continued=True)
-    ks = [k for _, k, probe in chosen if not probe]
-    assert np.median(ks) >= 12
+    ks, speed = simulate_copy(CPU_CURVE, cont=0.98)
+    assert np.median(ks[len(ks) // 2 :]) >= 12
+    assert speed > 1.8
 
 
-def test_fresh_ngram_guesses_that_fail_are_dropped():
-    chosen = simulate(CPU_CURVE, 0.0, accept=0.1, sources=("ngram",), ngram_len=8)
-    plain = sum(1 for _, k, _ in chosen if k == 0)
-    assert plain / len(chosen) > 0.9
+def test_copies_that_break_often_are_not_drafted_on_a_cpu():
+    ks, speed = simulate_copy(CPU_CURVE, cont=0.3)
+    assert sum(1 for k in ks[len(ks) // 2 :] if k) / (len(ks) // 2) < 0.05
+    assert speed > 0.97
+
+
+def test_copies_are_drafted_on_a_gpu_even_when_they_break_often():
+    ks, speed = simulate_copy(GPU_CURVE, cont=0.5)
+    assert np.median(ks[len(ks) // 2 :]) >= 1 and speed > 1.3
+
+
+def test_copy_model_learns_by_copy_length():
+    m = CopyModel()
+    before_short, before_long = m.p(2), m.p(40)
+    assert before_short < before_long  # the prior: a long copy is likelier to go on
+    for _ in range(200):
+        m.observe(2, [1, 1], [2])  # short copies always break at once
+        m.observe(40, [1] * 8, [1] * 8)  # long ones never do
+    assert m.p(2) < 0.05 and m.p(40) > 0.95
+    assert m.acceptance(2, 3) == [m.p(2), m.p(3), m.p(4)]
+    m.observe(3, [5, 6, 7], [5, 9, 7])  # scored up to the first miss only
+    assert m.total[m._bin(4)] == 1 and m.total[m._bin(6)] == 0
+
+
+def test_fresh_ngram_guesses_that_fail_are_never_drafted_and_need_no_probe():
+    cost = CostModel(dict(CPU_CURVE))
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=cost)
+    plans = []
+    for _ in range(600):
+        plans.append(ctrl.plan(ngram_available=8, ngram_match=2, room=100))
+        ctrl.observe_copy(2, [1] * 8, [2])
+    assert all(p.k == 0 and not p.probe for p in plans)
 
 
 def test_fixed_mode_always_drafts_draft_max():

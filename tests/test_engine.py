@@ -185,5 +185,7 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
     _, cheap = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=FLAT)
     dear = {b: 0.03 * b for b in FLAT}  # verifying b tokens costs b single steps
     _, costly = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=dear)
-    assert cheap.n_drafted > 30
+    # (the online cost updates soon see that the tiny draft costs as much as the target, so
+    # even the cheap run drafts only for its first rounds)
+    assert cheap.n_drafted >= 16 and cheap.n_drafted > 4 * costly.n_drafted
     assert costly.by_source.get("none", [0])[0] > costly.by_source.get("model", [0])[0]

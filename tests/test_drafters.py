@@ -1,0 +1,82 @@
+"""The n-gram drafter on plain token lists: lookup, copies that continue, learned edits."""
+
+from __future__ import annotations
+
+from specrun.drafters import NgramDrafter, common_prefix
+
+# a "file" of distinct tokens with a repeated identifier (9) that the target will rename to 99
+SOURCE = [10, 11, 9, 12, 13, 14, 15, 16, 17, 9, 18, 19, 20, 21, 22, 23, 9, 24, 25]
+
+
+def step(d: NgramDrafter, seq: list[int], k: int, target: list[int]) -> list[int]:
+    """One round: propose, let the target accept the matching prefix and write its own next
+    token (as greedy verification does). Returns the proposal."""
+    p = d.propose(seq, k)
+    pos = len(seq)
+    n = common_prefix(p.tokens, target[pos : pos + len(p.tokens)])
+    seq.extend(target[pos : pos + n + 1])
+    return p.tokens
+
+
+def test_lookup_proposes_what_followed_the_longest_suffix():
+    d = NgramDrafter(2, 4)
+    seq = [1, 2, 3, 4, 5, 6, 7, 2, 3]
+    p = d.propose(seq, 3)
+    assert p.tokens == [4, 5, 6] and p.match == 2
+    assert d.propose([1, 2, 3, 4, 5, 9, 8], 3).tokens == []  # no suffix seen before
+
+
+def test_match_counts_how_far_back_the_copy_already_goes():
+    d = NgramDrafter(2, 3)
+    seq = [5, 1, 2, 3, 4, 6, 7, 8, 1, 2, 3, 4]  # the suffix matches 4 tokens, more than n_max
+    assert d.propose(seq, 2).match == 4
+
+
+def test_a_copy_continues_without_search_and_its_match_grows():
+    d = NgramDrafter()
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 1, 2]
+    target = prompt + [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    seq = list(prompt)
+    step(d, seq, 2, target)  # proposes 3 4, both accepted, the target adds 5
+    p = d.propose(seq, 4)
+    assert p.tokens == [6, 7, 8, 9] and p.match == 2 + 3
+
+
+def test_an_edit_is_learned_and_applied_to_later_copies():
+    d = NgramDrafter()
+    prompt = SOURCE + [0, 10, 11]
+    target = prompt + [99, 12, 13, 14, 15, 16, 17, 99, 18, 19, 20, 21, 22, 23, 99, 24, 25]
+    seq = list(prompt)
+    # the copy "10 11 -> 9 12 ..." is only 2 tokens old when 99 replaces 9: too little evidence
+    step(d, seq, 4, target)
+    assert seq[-1] == 99 and d.edits == {}
+    while len(seq) < len(prompt) + 8:  # copy along, until the target writes 99 again for 9
+        step(d, seq, 4, target)
+    assert seq[-1] == 99
+    # the copy had matched 6 tokens when it broke: the next proposal learns the edit, goes
+    # on past it, and writes 99 wherever the source has 9
+    proposal = d.propose(seq, 8)
+    assert d.edits == {9: 99}
+    assert proposal.tokens == [18, 19, 20, 21, 22, 23, 99, 24] and proposal.match == 0
+    while len(seq) < len(target):
+        step(d, seq, 8, target)
+    assert seq == target
+
+
+def test_a_wrong_edit_is_dropped():
+    d = NgramDrafter()
+    d.edits = {9: 99}
+    prompt = SOURCE + [0, 10, 11, 9, 12]  # the output keeps 9 this time
+    target = prompt + SOURCE[4:]
+    seq = list(prompt)
+    while len(seq) < len(target) - 1 and d.edits:
+        step(d, seq, 3, target)
+    assert d.edits == {} and seq == target[: len(seq)]
+
+
+def test_a_rolled_back_sequence_forgets_its_edits():
+    d = NgramDrafter()
+    d.propose(SOURCE, 4)
+    d.edits = {9: 99}
+    d.propose([1, 2, 3, 1, 2], 4)  # not an extension of what it saw: a new sequence
+    assert d.edits == {}
