@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from .control import CostModel
-from .engine import Engine, Settings
+from .engine import DRAFT_MODES, Engine, Settings
 from .errors import InputError, UsageError
 from .sampling import Sampler
 from .stats import RunStats
@@ -207,6 +207,26 @@ class BenchResult:
         }
 
 
+def parse_mode(spec: str) -> tuple[str, int | None]:
+    """``hybrid`` -> ("hybrid", None), adaptive; ``model:4`` -> ("model", 4): exactly 4 drafts
+    every round (fixed, p-split 0), to set beside the adaptive modes."""
+    name, sep, k = spec.partition(":")
+    if name not in DRAFT_MODES or (sep and (name == "none" or not (k.isdigit() and 1 <= int(k) <= 256))):
+        raise UsageError(
+            f"--draft takes modes from {', '.join(DRAFT_MODES)}, each optionally :K for a fixed draft length, got {spec!r}",
+            "e.g. --draft hybrid,model:4,ngram:8",
+        )
+    return name, int(k) if sep else None
+
+
+def mode_settings(settings: Settings, spec: str) -> Settings:
+    name, k = parse_mode(spec)
+    if k is None:
+        return dataclasses.replace(settings, draft=name)
+    # exactly K every round: no early stop on the draft's confidence either
+    return dataclasses.replace(settings, draft=name, fixed=True, draft_max=k, draft_min=min(settings.draft_min, k), p_split=0.0)
+
+
 def run_bench(
     target,
     draft,
@@ -221,14 +241,15 @@ def run_bench(
     on_sample=None,
 ) -> BenchResult:
     """``tokenize(prompt) -> tokens`` applies the chat template; ``settings`` gives the knobs
-    (draft-max etc.) and each mode replaces its ``draft`` field."""
+    (draft-max etc.) and each mode (see ``parse_mode``) replaces its ``draft`` field, or
+    fixes K."""
     if runs < 1:
         raise UsageError("--runs must be >= 1", "e.g. --runs 2")
     all_modes = [BASELINE] + [m for m in modes if m != BASELINE]
     engines = {}
     for m in all_modes:
-        s = dataclasses.replace(settings, draft=m)
-        engines[m] = Engine(target, draft if m in ("model", "hybrid") else None, s, sampler, cost)
+        s = mode_settings(settings, m)
+        engines[m] = Engine(target, draft if "model" in s.sources else None, s, sampler, cost)
     token_lists = [tokenize(p) for p in prompts]
     if not cost.verify:
         engines[all_modes[-1]].calibrate()

@@ -138,7 +138,29 @@ def run_bad(argv: list[str], capsys) -> tuple[int, str]:
 def test_unknown_draft_mode_is_a_usage_error(tiny, tmp_path, capsys):
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     code, msg = run_bad(bench_argv(tiny, prompts, "--draft", "model,bogus"), capsys)
-    assert code == EXIT_USAGE and "'model,bogus'" in msg
+    assert code == EXIT_USAGE and "'bogus'" in msg
+
+
+@pytest.mark.parametrize("spec", ["model:0", "ngram:x", "none:4", "model:", "hybrid:999"])
+def test_bad_fixed_length_is_a_usage_error(tiny, tmp_path, capsys, spec):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    code, msg = run_bad(bench_argv(tiny, prompts, "--draft", f"hybrid,{spec}"), capsys)
+    assert code == EXIT_USAGE and repr(spec) in msg and "hybrid,model:4" in msg
+
+
+def test_fixed_lengths_sit_next_to_the_adaptive_mode(tiny, tmp_path, capsys):
+    # without --fixed: "hybrid" adapts, "model:2" and "model:3" always draft exactly 2 and 3
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:1])
+    code = main(["bench", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"]), "--draft", "hybrid,model:2,model:3",
+                 "--runs", "1", "-n", "12", "-t", "1", "-c", "512", "--tie-margin", "0", "--json", "--prompts", str(prompts)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["modes"] == ["none", "hybrid", "model:2", "model:3"]
+    for spec, k in (("model:2", 2), ("model:3", 3)):
+        s = data["classes"]["overall"][spec]
+        assert len(s["accept_per_position"]) == k and s["acceptance_rate"] == 1.0
+        assert s["mean_accept_len"] == k  # a copy of the target: every fixed-length draft accepted
 
 
 def test_json_and_markdown_together_is_a_usage_error(tiny, tmp_path, capsys):

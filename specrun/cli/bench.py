@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..bench import BASELINE, BenchResult, load_prompts, run_bench
+from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
 from ..control import CostStore
 from ..engine import DRAFT_MODES
 from ..errors import UsageError
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         draft_model: DraftModelOpt = None,
         prompts: Annotated[Optional[Path], typer.Option("--prompts", help="A JSONL file of {\"class\", \"prompt\", \"chat\"?, \"n\"?} (default: the built-in set).", show_default=False)] = None,
         runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).")] = 2,
-        modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none,model,ngram,hybrid.")] = "model,ngram,hybrid",
+        modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).")] = "model,ngram,hybrid",
         classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)] = None,
         n_predict: NPredictOpt = 128,
         ctx: CtxOpt = 4096,
@@ -57,10 +57,11 @@ def register(app: typer.Typer) -> None:
         check_range("-n/--n-predict", n_predict, 1)
         if json_out and markdown:
             raise UsageError("--json and --markdown exclude each other", "pick one")
-        wanted = [m.strip() for m in modes.split(",") if m.strip()]
-        bad = [m for m in wanted if m not in DRAFT_MODES]
-        if bad or not wanted:
+        wanted = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
+        if not wanted:
             raise UsageError(f"--draft takes a list of {', '.join(DRAFT_MODES)}, got {modes!r}", "e.g. --draft model,ngram")
+        for m in wanted:
+            parse_mode(m)
         plist = load_prompts(prompts)
         if classes:
             keep = {c.strip() for c in classes.split(",")}
@@ -68,10 +69,10 @@ def register(app: typer.Typer) -> None:
             if not plist:
                 raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
         reg = load_registry(registry)
-        need_draft = "model" if any(m in ("model", "hybrid") for m in wanted) else "none"
+        need_draft = "model" if any(parse_mode(m)[0] in ("model", "hybrid") for m in wanted) else "none"
         target, dm = resolve_models(reg, model, draft_model, need_draft)
         if dm is None:
-            wanted = [m for m in wanted if m not in ("model", "hybrid")] or ["ngram"]
+            wanted = [m for m in wanted if parse_mode(m)[0] not in ("model", "hybrid")] or ["ngram"]
         settings = build_settings("none", draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
         from .. import backend
         from ..session import PairConfig, load_costs, open_pair  # loads llama_cpp
