@@ -23,6 +23,10 @@ cost nothing to make, so every round scores the one on offer against what the ta
 actually produced, drafted or not: the model learns from every token, and a copy that
 starts to pay is taken up at once, without probing.
 
+Near-ties (greedy decoding with a tie margin, see the engine) end a round early and cost it
+its last token. In prose a fifth of the positions can be near-ties, in code almost none, so
+their rate is measured too (on the first row of every round) and discounts every draft.
+
 p-split (the model drafter stops when its top-token probability falls below it) is set to
 the lowest confidence at which a draft token still pays: a draft token of confidence c is
 worth proposing if acc(c) * c(1) > d + (c(K + 2) - c(K + 1)), with acc(c) measured per
@@ -48,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 EWMA = 0.15
+TIE_EWMA = 0.05
 OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
@@ -214,6 +219,7 @@ class Controller:
         self.seen = {"model": [0] * draft_max}  # observations per position
         self.copy = CopyModel()  # the n-gram source's a_j, by copy length
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
+        self.tie_rate = 0.0  # how often a position is a near-tie (greedy with a tie margin)
         self.idle = 0  # rounds since the draft model was last run
         self.probe_every = PROBE_MIN
 
@@ -227,11 +233,16 @@ class Controller:
 
     def best_k(self, acc: list[float], d: float, k_max: int) -> tuple[int, float]:
         """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate,
-        for per-position acceptance ``acc`` and draft cost ``d`` per token."""
+        for per-position acceptance ``acc`` and draft cost ``d`` per token.
+
+        A near-tie (greedy, see the engine) stops a round where it falls and costs the round
+        its last token, so each drafted position is usable with probability ``a_j (1 - tie)``
+        and the target's own token comes with probability ``1 - tie``."""
         best_k, best_rate = 0, 1.0 / self.cost.verify_cost(1)
-        total, reach = 1.0, 1.0
+        usable = 1.0 - self.tie_rate
+        total, reach = usable, 1.0
         for k in range(1, min(k_max, len(acc)) + 1):
-            reach *= acc[k - 1]
+            reach *= acc[k - 1] * usable
             total += reach
             if k < self.draft_min:
                 continue
@@ -310,14 +321,17 @@ class Controller:
         verify_s: float,
         draft_s: float,
         confidences: list[float] | None = None,
+        tie_stop: bool = False,
     ) -> None:
+        """``tie_stop``: the round stopped at a near-tie, not at a rejection (the tie rate
+        accounts for that, so the position is not counted against the draft)."""
         self.cost.observe_verify(drafted + 1, verify_s)
         if plan.source != "model" or not drafted:
             return  # n-gram guesses are scored by observe_copy, drafted or not
         self.cost.observe_draft(drafted, draft_s)
         table, seen = self.acc["model"], self.seen["model"]
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected
-        for i in range(min(drafted, accepted + 1)):
+        for i in range(min(drafted, accepted + (not tie_stop))):
             hit = 1.0 if i < accepted else 0.0
             if not seen[i]:  # first look at this position: start from what the one before knows
                 table[i] = self.acceptance()[i]
@@ -331,6 +345,10 @@ class Controller:
             k_rate = expected_tokens(self.acceptance(), drafted) / (verify_s + draft_s)
             if k_rate > 1.0 / self.cost.verify_cost(1):
                 self.probe_every = PROBE_MIN
+
+    def observe_tie(self, tie: bool) -> None:
+        """One more position checked for a near-tie (the first of every greedy round)."""
+        self.tie_rate += TIE_EWMA * (float(tie) - self.tie_rate)
 
     def observe_copy(self, match: int, proposed: list[int], emitted: list[int]) -> None:
         """The n-gram proposal on offer this round (used or not) against what was emitted."""

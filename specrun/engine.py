@@ -11,10 +11,10 @@ target's own, and rolls the caches back so the invariant holds again.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
 DRAFT_MODES = ("model", "ngram", "hybrid", "none")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Settings:
     draft: str = "hybrid"  # model | ngram | hybrid | none
     draft_max: int = 32
@@ -62,7 +62,7 @@ class Settings:
         return {"model": ["model"], "ngram": ["ngram"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Step:
     """What one round adds to the output."""
 
@@ -110,14 +110,16 @@ def speculative_round(
         # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
         # the first mismatch is the correction (after a full accept, it is the bonus token)
         best = np.argmax(logits, axis=1)
+        tie0 = near_tie(logits[0], best[0], tie_margin)  # also sampled in plain rounds: the tie rate
         n = 0
-        while n < k and draft.tokens[n] == best[n] and not near_tie(logits[n], best[n], tie_margin):
+        while n < k and draft.tokens[n] == best[n] and not (tie0 if n == 0 else near_tie(logits[n], best[n], tie_margin)):
             n += 1
-        if k and near_tie(logits[n], best[n], tie_margin):
+        if k and (tie0 if n == 0 else near_tie(logits[n], best[n], tie_margin)):
             emitted = [*draft.tokens[:n]]  # position n is decided by the next, plain round
         else:
             emitted = [*draft.tokens[:n], int(best[n])]
     else:
+        tie0 = False
         # exact speculative sampling: accept x_i with probability min(1, p(x_i)/q(x_i));
         # on a rejection, resample from norm(max(0, p - q)); after a full accept, draw from p
         emitted, n = [], 0
@@ -136,7 +138,7 @@ def speculative_round(
     # last token, which is the correction, or the last accepted draft if a near-tie deferred)
     deferred = len(emitted) == n
     rollback(target, drafter, len(tokens) + n - deferred)
-    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2)
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, tie0)
     return emitted, stats, draft
 
 
@@ -274,7 +276,9 @@ class Engine:
                 self.controller.observe(
                     plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s,
                     self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,
+                    tie_stop=force_plain,
                 )
+                self.controller.observe_tie(rnd.near_tie)
                 if copy:  # the n-gram guess on offer, used or not, against what the target produced
                     self.controller.observe_copy(copy.match, copy.tokens, emitted)
                 for i, t in enumerate(emitted):
@@ -285,7 +289,7 @@ class Engine:
                 tokens.extend(emitted)
                 if reason == "stop":  # drop any accepted tokens past the end of generation
                     rollback(self.target, self.model_drafter, min(self.target.n_past, len(tokens) - 1))
-                rnd = RoundStats(rnd.source, rnd.drafted, rnd.accepted, len(emitted), rnd.draft_s, rnd.verify_s, rnd.sample_s)
+                rnd = dataclasses.replace(rnd, emitted=len(emitted))
                 stats.add(rnd)
                 stats.wall_s = now() - t_start
                 yield Step(emitted, rnd, stats)

@@ -16,6 +16,7 @@ class RoundStats:
     draft_s: float
     verify_s: float
     sample_s: float
+    near_tie: bool = False  # greedy: the target's first row this round was a near-tie (see engine)
 
 
 @dataclass

@@ -156,3 +156,19 @@ def test_cost_store_round_trips_and_survives_damage(tmp_path):
     assert got.verify == {1: 0.03, 2: 0.05} and got.draft_per_token == 0.01
     (tmp_path / "costs.json").write_text("{not json")
     assert store.load("k") is None
+
+
+def test_near_ties_discount_drafts():
+    # a copy accepted 70% of the time pays on a GPU-like curve, until a third of the
+    # positions turn out to be near-ties that end rounds early (as in prose)
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=CostModel(dict(GPU_CURVE)))
+    for _ in range(300):
+        ctrl.observe_copy(8, [1, 1, 1, 1], [1, 1, 2])
+        ctrl.observe_copy(8, [1, 1, 1, 1], [1, 2])
+        ctrl.observe_copy(8, [1, 1, 1, 1], [2])
+        ctrl.observe_copy(8, [1, 1, 1, 1], [1, 1, 1, 1])
+    assert ctrl.plan(ngram_available=4, ngram_match=8, room=100).k > 0
+    for _ in range(200):
+        ctrl.observe_tie(True)
+    assert ctrl.tie_rate > 0.99
+    assert ctrl.plan(ngram_available=4, ngram_match=8, room=100).k == 0
