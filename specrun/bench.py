@@ -199,6 +199,8 @@ class BenchResult:
                 "verify_relative": {str(b): round(v / c1, 3) for b, v in sorted(self.cost.verify.items())},
                 "draft_s_per_token": self.cost.draft_per_token,
                 "draft_relative": round(self.cost.draft_per_token / c1, 3) if self.cost.draft_per_token else None,
+                # a perfect drafter: every round verifies the batch with the best tokens per second
+                "perfect_drafter_speedup": round(max(b * c1 / v for b, v in self.cost.verify.items()), 3) if self.cost.verify else None,
             },
             "predicted_vs_measured": {
                 m: {"predicted": round(self.predicted_speedup(m), 3), "measured": sums.get("overall", {}).get(m).to_json()["speedup"] if m in sums.get("overall", {}) else None}

@@ -71,12 +71,14 @@ class ModelDrafter:
         self.n_vocab = min(model.n_vocab, n_vocab_target)
         self.p_split = 0.0
         self.confidences: list[float] = []  # top-token probability of each token in the last proposal
+        self.sync_s = 0.0  # of the last proposal's time, what went to catching the cache up (not per-token)
 
-    def _sync(self, tokens: list[int]) -> np.ndarray:
-        """Make the draft cache hold ``tokens`` and return the logits after the last one."""
+    def _sync(self, tokens: list[int]) -> tuple[np.ndarray, int]:
+        """Make the draft cache hold ``tokens``; return the logits after the last one and how
+        many tokens that evaluated."""
         n = common_prefix(self.model.tokens, tokens, limit=len(tokens) - 1)  # keep the last to evaluate
         self.model.rollback(n)
-        return self.model.eval(tokens[n:], logits="last")[0]
+        return self.model.eval(tokens[n:], logits="last")[0], len(tokens) - n
 
     def rollback(self, keep: int) -> None:
         """Forget cached positions >= keep (called by the engine's rollback helper)."""
@@ -98,11 +100,15 @@ class ModelDrafter:
     def propose(self, tokens: list[int], k: int) -> Proposal:
         out = Proposal()
         self.confidences = []
+        self.sync_s = 0.0
         room = self.model.n_ctx - len(tokens)
         k = min(k, room)
         if k <= 0:
             return out
-        logits = self._sync(tokens)
+        t = time.perf_counter()
+        logits, evaluated = self._sync(tokens)
+        if evaluated > 2:  # more than a round's usual one or two: a catch-up
+            self.sync_s = time.perf_counter() - t
         for i in range(k):
             row = logits[: self.n_vocab]
             if self.sampler.greedy:

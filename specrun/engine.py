@@ -273,8 +273,11 @@ class Engine:
                     self.settings.draft_min, copy if plan.source == "ngram" else None, self.settings.tie_margin,
                 )
                 force_plain = rnd.drafted > 0 and len(emitted) == rnd.accepted  # a near-tie was deferred
+                # the draft's per-token cost leaves out catching its cache up (after a long
+                # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
+                sync_s = self.model_drafter.sync_s if plan.source == "model" and self.model_drafter else 0.0
                 self.controller.observe(
-                    plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s,
+                    plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s - sync_s,
                     self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,
                     tie_stop=force_plain,
                 )

@@ -189,3 +189,16 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
     # even the cheap run drafts only for its first rounds)
     assert cheap.n_drafted >= 16 and cheap.n_drafted > 4 * costly.n_drafted
     assert costly.by_source.get("none", [0])[0] > costly.by_source.get("model", [0])[0]
+
+
+def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
+    from specrun.drafters import ModelDrafter
+
+    t = loaded["target"]
+    d = ModelDrafter(loaded["draft-copy"], Sampler(0.0), np.random.default_rng(0), t.n_vocab)
+    d.model.reset()
+    toks = t.tokenize(PROMPTS[0] * 3, add_special=True)
+    d.propose(toks, 2)  # the draft has seen nothing yet: this proposal first evaluates everything
+    assert d.sync_s > 0
+    d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2)  # one more token: a normal round
+    assert d.sync_s == 0.0

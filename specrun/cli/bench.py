@@ -152,6 +152,9 @@ def to_markdown(result: BenchResult) -> str:
     out.append("|---|" + "---|" * len(cm["verify_relative"]))
     out.append("| cost | " + " | ".join(f"{v:.2f}" for v in cm["verify_relative"].values()) + " |")
     out.append("")
+    if cm["perfect_drafter_speedup"]:
+        out.append(f"Ceiling: a perfect drafter, verifying the curve's best batch every round, would run {cm['perfect_drafter_speedup']:.2f}x plain.")
+        out.append("")
     out.append(f"Draft model cost per token: {cm['draft_relative']} of a target token." if cm["draft_relative"] else "Draft model cost per token: not measured.")
     out.append("")
     out.append("| mode | predicted speedup | measured speedup |")
@@ -183,7 +186,9 @@ def tables(result: BenchResult):
         pv.add_row(m, f"{v['predicted']:.2f}x", f"{v['measured']:.2f}x" if v["measured"] is not None else "-")
     from rich.text import Text
 
-    return [t, cost, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold")]
+    ceiling = data["cost_model"]["perfect_drafter_speedup"]
+    notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
+    return [t, cost, *notes, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold")]
 
 
 __all__ = ["register", "to_markdown", "BASELINE"]

@@ -1,0 +1,119 @@
+"""Replay plain outputs through the n-gram drafter and the controller, offline.
+
+    python tests/copy_replay.py [TARGET.gguf] [-t 2] [--curve costs.json-key]
+
+Decodes every bench prompt plainly once (greedy, the bench's -n per prompt), then, with the
+verify-cost curve stored for this machine (run `specrun bench` first), computes per class:
+
+- ceiling: a perfect drafter, every round verifying the curve's best batch, max b / c(b);
+- copy oracle: the n-gram drafter with K chosen knowing how far each copy will match
+  (dynamic programming over the output): the best any K policy could do with these copies;
+- replay: the adaptive controller's own choices, fed the same copies, no near-ties.
+
+Nothing is timed here: speeds are in units of one plain decode step, from the curve, so the
+figures are reproducible on a noisy machine. `specrun bench` measures the real thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from specrun.backend import LoadOptions, Model
+from specrun.bench import load_prompts
+from specrun.control import Controller, CostModel
+from specrun.drafters import NgramDrafter, common_prefix
+from specrun.engine import Engine, Settings
+from specrun.sampling import Sampler
+from specrun.template import ChatTemplate, render_chat
+from specrun.modelinfo import model_info
+
+MODELS = Path.home() / ".cache/specrun/models"
+DEMO_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DRAFT_MAX = 32
+
+
+def plain_outputs(target: Path, threads: int, n_default: int) -> list[tuple[str, list[int], list[int]]]:
+    info = model_info(target)
+    tok = info.tokens
+    tmpl = ChatTemplate(info.chat_template, tok[info.bos_id] if info.bos_id is not None else "", tok[info.eos_id] if info.eos_id is not None else "")
+    out = []
+    with Model(target, LoadOptions(n_ctx=4096, n_threads=threads)) as m:
+        for p in load_prompts():
+            text = render_chat(tmpl, [{"role": "user", "content": p.prompt}], lambda _: None) if p.chat else p.prompt
+            prompt = m.tokenize(text, add_special=not (tmpl.bos_token and text.startswith(tmpl.bos_token)))
+            e = Engine(m, None, Settings(draft="none"), Sampler(0.0), CostModel())
+            e.reset()
+            gen = [t for step in e.generate(prompt, p.n_predict or n_default) for t in step.tokens]
+            out.append((p.cls, prompt, gen))
+    return out
+
+
+def copy_runs(prompt: list[int], gen: list[int]) -> list[int]:
+    """At each output position, how many tokens the n-gram drafter's proposal would match."""
+    seq, d, runs = prompt + gen, NgramDrafter(), []
+    for i in range(len(gen)):
+        pos = len(prompt) + i
+        p = d.propose(seq[:pos], DRAFT_MAX)
+        runs.append(common_prefix(p.tokens, seq[pos : pos + len(p.tokens)]))
+    return runs
+
+
+def oracle(runs: list[int], c) -> float:
+    n = len(runs)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = c(1) + best[i + 1]
+        for k in range(1, runs[i] + 1):
+            best[i] = min(best[i], c(k + 1) + best[min(n, i + k + 1)])
+    return n * c(1) / best[0] if n else 1.0
+
+
+def replay(prompt: list[int], gen: list[int], cost: CostModel) -> float:
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=DRAFT_MAX, p_split=0.0, fixed=False, cost=CostModel(dict(cost.verify)))
+    seq, d, pos, spent = prompt + gen, NgramDrafter(), len(prompt), 0.0
+    while pos < len(seq):
+        room = len(seq) - pos - 1
+        copy = d.propose(seq[:pos], max(0, min(room, DRAFT_MAX)))
+        plan = ctrl.plan(ngram_available=len(copy), ngram_match=copy.match, room=room)
+        k = plan.k if plan.source == "ngram" else 0
+        n = common_prefix(copy.tokens[:k], seq[pos : pos + k])
+        emitted = seq[pos : pos + n + 1]
+        ctrl.observe_copy(copy.match, copy.tokens, emitted)
+        spent += cost.verify_cost(k + 1)
+        pos += len(emitted)
+    return len(gen) * cost.verify_cost(1) / spent if gen else 1.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", nargs="?", type=Path, default=DEMO_TARGET)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", type=int, default=128, help="tokens per prompt without its own n (the bench default)")
+    ap.add_argument("--costs", type=Path, default=Path.home() / ".cache/specrun/costs.json")
+    args = ap.parse_args()
+    stored = json.loads(args.costs.read_text()) if args.costs.exists() else {}
+    keys = [k for k in stored if k.startswith(args.target.name + ":") and "|cpu" in k]
+    if not keys:
+        print(f"no stored verify curve for {args.target.name} in {args.costs}: run `specrun bench` first", file=sys.stderr)
+        return 1
+    cost = CostModel.from_json(stored[keys[0]])
+    c = cost.verify_cost
+    ceiling = max(b * c(1) / c(b) for b in range(1, DRAFT_MAX + 2))
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for cls, prompt, gen in plain_outputs(args.target, args.threads, args.n):
+        rows.setdefault(cls, []).append((oracle(copy_runs(prompt, gen), c), replay(prompt, gen, cost)))
+    print(f"verify curve: {keys[0]}")
+    print(f"ceiling (perfect drafter, best batch): {ceiling:.2f}x")
+    print("| class | copy oracle | controller replay |")
+    print("|---|---|---|")
+    for cls, v in rows.items():
+        print(f"| {cls} | {statistics.geometric_mean([o for o, _ in v]):.2f}x | {statistics.geometric_mean([r for _, r in v]):.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
