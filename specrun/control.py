@@ -34,8 +34,8 @@ confidence bin.
 
 K = 0 is a valid outcome. The draft model, when not chosen for a while, is probed with a
 short draft, at an interval that doubles after each probe that does not win (16 rounds up to
-256), in case things change. The draft model is only drafted or probed while it *could* pay: with an
-optimistic acceptance (``max(0.9, measured)`` at every position) its best rate must beat
+256), in case things change. The draft model is only drafted or probed while it *could*
+pay: with an optimistic acceptance (``max(0.9, measured)`` at every position) its best rate must beat
 plain decoding by 5%. Where verifying is nearly as dear per token as decoding and the draft
 costs half the target (a CPU), it cannot, so it is never run and its cache never has to
 catch up; on a GPU it easily can.
@@ -215,8 +215,8 @@ class Controller:
         self.fixed = fixed
         self.cost = cost
         self.p_split = p_split
-        self.acc = {"model": [0.7] * draft_max}  # the draft model's a_j, by position
-        self.seen = {"model": [0] * draft_max}  # observations per position
+        self.acc = [0.7] * draft_max  # the draft model's a_j, by position
+        self.seen = [0] * draft_max  # observations per position
         self.copy = CopyModel()  # the n-gram source's a_j, by copy length
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
         self.tie_rate = 0.0  # how often a position is a near-tie (greedy with a tie margin)
@@ -251,12 +251,11 @@ class Controller:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
-    def acceptance(self, table: str = "model") -> list[float]:
+    def acceptance(self) -> list[float]:
         """Per-position acceptance; a position never drafted takes the estimate of the last
         one that was, so good news at position 2 lets the controller try position 3."""
-        est, seen = self.acc[table], self.seen[table]
         out, last = [], None
-        for a, n in zip(est, seen):
+        for a, n in zip(self.acc, self.seen):
             last = a if n or last is None else last
             out.append(last)
         return out
@@ -297,7 +296,7 @@ class Controller:
 
     def model_can_pay(self, k_max: int) -> bool:
         """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
-        optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc["model"]]
+        optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc]
         k, rate = self.best_k(optimistic, self._draft_cost("model"), k_max)
         return k > 0 and rate > MODEL_MARGIN / self.cost.verify_cost(1)
 
@@ -329,7 +328,7 @@ class Controller:
         if plan.source != "model" or not drafted:
             return  # n-gram guesses are scored by observe_copy, drafted or not
         self.cost.observe_draft(drafted, draft_s)
-        table, seen = self.acc["model"], self.seen["model"]
+        table, seen = self.acc, self.seen
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected
         for i in range(min(drafted, accepted + (not tie_stop))):
             hit = 1.0 if i < accepted else 0.0

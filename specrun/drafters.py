@@ -171,10 +171,10 @@ class NgramDrafter:
 
     def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
         """Propose the k source tokens from ``src`` on, with the learned edits applied."""
-        edits = self.edits
+        edits, match = self.edits, min(match, self.MATCH_CAP)
         run = [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
-        self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
-        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
+        self._follow = (len(tokens), src, match)
+        return Proposal(run, [Dist.one_hot(t) for t in run], match)
 
     def _continue(self, tokens: list[int], k: int) -> Proposal | None:
         """Go on with the copy under way, learning an edit where it broke. None: no copy."""

@@ -110,11 +110,15 @@ def speculative_round(
         # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
         # the first mismatch is the correction (after a full accept, it is the bonus token)
         best = np.argmax(logits, axis=1)
-        tie0 = near_tie(logits[0], best[0], tie_margin)  # also sampled in plain rounds: the tie rate
+        tie0 = near_tie(logits[0], best[0], tie_margin)  # also checked in plain rounds: the tie rate
+
+        def tie(i: int) -> bool:
+            return tie0 if i == 0 else near_tie(logits[i], best[i], tie_margin)
+
         n = 0
-        while n < k and draft.tokens[n] == best[n] and not (tie0 if n == 0 else near_tie(logits[n], best[n], tie_margin)):
+        while n < k and draft.tokens[n] == best[n] and not tie(n):
             n += 1
-        if k and (tie0 if n == 0 else near_tie(logits[n], best[n], tie_margin)):
+        if k and tie(n):
             emitted = [*draft.tokens[:n]]  # position n is decided by the next, plain round
         else:
             emitted = [*draft.tokens[:n], int(best[n])]

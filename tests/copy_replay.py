@@ -22,14 +22,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from specrun.backend import LoadOptions, Model
 from specrun.bench import load_prompts
+from specrun.cli.generate import chat_prompt
 from specrun.control import Controller, CostModel
 from specrun.drafters import NgramDrafter, common_prefix
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
-from specrun.template import ChatTemplate, render_chat
-from specrun.modelinfo import model_info
+from specrun.session import PairConfig, open_pair
 
 MODELS = Path.home() / ".cache/specrun/models"
 DEMO_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -37,18 +36,18 @@ DRAFT_MAX = 32
 
 
 def plain_outputs(target: Path, threads: int, n_default: int) -> list[tuple[str, list[int], list[int]]]:
-    info = model_info(target)
-    tok = info.tokens
-    tmpl = ChatTemplate(info.chat_template, tok[info.bos_id] if info.bos_id is not None else "", tok[info.eos_id] if info.eos_id is not None else "")
+    pair = open_pair(target, None, PairConfig(n_ctx=4096, threads=threads))
     out = []
-    with Model(target, LoadOptions(n_ctx=4096, n_threads=threads)) as m:
+    try:
         for p in load_prompts():
-            text = render_chat(tmpl, [{"role": "user", "content": p.prompt}], lambda _: None) if p.chat else p.prompt
-            prompt = m.tokenize(text, add_special=not (tmpl.bos_token and text.startswith(tmpl.bos_token)))
-            e = Engine(m, None, Settings(draft="none"), Sampler(0.0), CostModel())
-            e.reset()
+            text, add = chat_prompt(pair, [{"role": "user", "content": p.prompt}], lambda _: None) if p.chat else (p.prompt, True)
+            prompt = pair.target.tokenize(text, add_special=add)
+            e = Engine(pair.target, None, Settings(draft="none"), Sampler(0.0), CostModel())
+            e.reset()  # every prompt from an empty cache, as in the bench
             gen = [t for step in e.generate(prompt, p.n_predict or n_default) for t in step.tokens]
             out.append((p.cls, prompt, gen))
+    finally:
+        pair.close()
     return out
 
 

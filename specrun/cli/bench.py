@@ -60,8 +60,7 @@ def register(app: typer.Typer) -> None:
         wanted = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
         if not wanted:
             raise UsageError(f"--draft takes a list of {', '.join(DRAFT_MODES)}, got {modes!r}", "e.g. --draft model,ngram")
-        for m in wanted:
-            parse_mode(m)
+        draft_of = {m: parse_mode(m)[0] for m in wanted}  # also checks every spec
         plist = load_prompts(prompts)
         if classes:
             keep = {c.strip() for c in classes.split(",")}
@@ -69,10 +68,10 @@ def register(app: typer.Typer) -> None:
             if not plist:
                 raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
         reg = load_registry(registry)
-        need_draft = "model" if any(parse_mode(m)[0] in ("model", "hybrid") for m in wanted) else "none"
+        need_draft = "model" if any(d in ("model", "hybrid") for d in draft_of.values()) else "none"
         target, dm = resolve_models(reg, model, draft_model, need_draft)
         if dm is None:
-            wanted = [m for m in wanted if parse_mode(m)[0] not in ("model", "hybrid")] or ["ngram"]
+            wanted = [m for m in wanted if draft_of[m] not in ("model", "hybrid")] or ["ngram"]
         settings = build_settings("none", draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
         from .. import backend
         from ..session import PairConfig, load_costs, open_pair  # loads llama_cpp
