@@ -90,10 +90,11 @@ else
     why="no NVIDIA driver, not Apple Silicon"
   fi
 fi
+# Every build also gets llama.cpp's RPC backend, so one install serves as main host and as worker.
 case "$backend" in
-  cuda) CMAKE_ARGS="-DGGML_CUDA=on" ;;
-  metal) CMAKE_ARGS="-DGGML_METAL=on" ;;
-  cpu) CMAKE_ARGS="" ;;
+  cuda) CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" ;;
+  metal) CMAKE_ARGS="-DGGML_METAL=on -DGGML_RPC=on" ;;
+  cpu) CMAKE_ARGS="-DGGML_RPC=on" ;;
 esac
 label=$backend
 case "$backend" in cuda) label=CUDA ;; metal) label=Metal ;; cpu) label=CPU ;; esac
@@ -132,9 +133,12 @@ previous=$(cat "$marker" 2>/dev/null || echo "unknown")
 gpu_offload() {  # 1 or 0, as the venv's llama_cpp reports it, or "broken"
   "$vpy" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_gpu_offload()))' 2>/dev/null || echo "broken"
 }
+rpc_support() {  # 1 or 0: was llama-cpp-python built with the RPC backend?
+  "$vpy" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_rpc()))' 2>/dev/null || echo "broken"
+}
 want=""
 case "$backend" in cpu) want=0 ;; cuda|metal) want=1 ;; esac
-if [[ -n "$installed" && "$previous" == unknown && -n "$want" && "$(gpu_offload)" == "$want" ]]; then
+if [[ -n "$installed" && "$previous" == unknown && -n "$want" && "$(gpu_offload)" == "$want" && "$(rpc_support)" == 1 ]]; then
   previous="cmake_args=$CMAKE_ARGS"  # installed before this script ran, and already right for the backend
 fi
 
@@ -162,11 +166,14 @@ installed=$("$vpy" -c 'import importlib.metadata as m; print(m.version("llama-cp
 
 # pip's wheel cache is not keyed by CMAKE_ARGS: a wheel built for another backend may have been reused.
 gpu=$(gpu_offload)
-if [[ -n "$want" && "$gpu" != "$want" ]]; then
-  echo "the llama-cpp-python wheel pip used does not match the backend (gpu offload: $gpu)"
+rpc=$(rpc_support)
+if [[ -n "$want" && ( "$gpu" != "$want" || ( "$rpc" != 1 && "$backend" != custom ) ) ]]; then
+  echo "the llama-cpp-python wheel pip used does not match the backend (gpu offload: $gpu, rpc: $rpc)"
   rebuild "$installed"
   gpu=$(gpu_offload)
+  rpc=$(rpc_support)
   [[ "$gpu" == "$want" ]] || echo "warning: llama-cpp-python still reports gpu offload: $gpu" >&2
+  [[ "$rpc" == 1 ]] || echo "warning: llama-cpp-python still reports no RPC backend" >&2
 fi
 echo "cmake_args=$CMAKE_ARGS" >"$marker"
 
