@@ -106,6 +106,15 @@ if grep -qi microsoft /proc/version 2>/dev/null; then
   echo "WSL2 detected: CUDA on WSL2 uses the Windows NVIDIA driver; do not install a Linux NVIDIA driver inside WSL"
 fi
 export CMAKE_ARGS
+# Intel AMX: off unless SPECRUN_AMX=1. ggml's AMX kernels (used for quantized weights when the compiler
+# targets a CPU with AMX, as -march=native does) crash with "Illegal instruction" in some VMs that
+# advertise AMX (seen on a Firecracker VM), and consumer CPUs do not have AMX at all.
+amx_off=0
+if [[ "$arch" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
+  amx_off=1
+  export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 if [[ -z "${CMAKE_BUILD_PARALLEL_LEVEL:-}" ]]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)
 fi
@@ -130,8 +139,12 @@ pip_q install --quiet --upgrade pip || echo "note: could not upgrade pip in the 
 marker="$venv/.specrun-backend"
 installed=$("$vpy" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null || true)
 previous=$(cat "$marker" 2>/dev/null || echo "unknown")
-gpu_offload() {  # 1 or 0, as the venv's llama_cpp reports it, or "broken"
-  "$vpy" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_gpu_offload()))' 2>/dev/null || echo "broken"
+gpu_offload() {  # 1 or 0: does the venv's llama_cpp ship a GPU backend (CUDA, Metal)? "broken" if it won't import
+  # (llama_supports_gpu_offload() cannot tell: a build with the RPC backend always says yes)
+  "$vpy" -c 'import pathlib, llama_cpp; d = pathlib.Path(llama_cpp.__file__).parent / "lib"; print(int(any(d.glob("libggml-cuda*")) or any(d.glob("libggml-metal*"))))' 2>/dev/null || echo "broken"
+}
+amx_built() {  # 1 if the venv's llama_cpp was compiled with ggml's AMX kernels, else 0
+  "$vpy" -c 'import pathlib, llama_cpp; d = pathlib.Path(llama_cpp.__file__).parent / "lib"; print(int(any(b"amx17extra_buffer_type" in p.read_bytes() for p in d.glob("libggml-cpu*") if p.is_file())))' 2>/dev/null || echo 0
 }
 rpc_support() {  # 1 or 0: was llama-cpp-python built with the RPC backend?
   "$vpy" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_rpc()))' 2>/dev/null || echo "broken"
@@ -167,8 +180,9 @@ installed=$("$vpy" -c 'import importlib.metadata as m; print(m.version("llama-cp
 # pip's wheel cache is not keyed by CMAKE_ARGS: a wheel built for another backend may have been reused.
 gpu=$(gpu_offload)
 rpc=$(rpc_support)
-if [[ -n "$want" && ( "$gpu" != "$want" || ( "$rpc" != 1 && "$backend" != custom ) ) ]]; then
-  echo "the llama-cpp-python wheel pip used does not match the backend (gpu offload: $gpu, rpc: $rpc)"
+amx=$(amx_built)
+if [[ -n "$want" && ( "$gpu" != "$want" || ( "$rpc" != 1 && "$backend" != custom ) || ( "$amx" == 1 && "$amx_off" == 1 ) ) ]]; then
+  echo "the llama-cpp-python wheel pip used does not match the backend (gpu backend: $gpu, rpc: $rpc, amx: $amx)"
   rebuild "$installed"
   gpu=$(gpu_offload)
   rpc=$(rpc_support)
@@ -176,6 +190,7 @@ if [[ -n "$want" && ( "$gpu" != "$want" || ( "$rpc" != 1 && "$backend" != custom
   [[ "$rpc" == 1 ]] || echo "warning: llama-cpp-python still reports no RPC backend" >&2
 fi
 echo "cmake_args=$CMAKE_ARGS" >"$marker"
+[[ "$amx_off" == 1 && "$(amx_built)" == 1 ]] && echo "warning: llama-cpp-python still has AMX kernels (set SPECRUN_AMX=1 if that is intended)" >&2
 
 echo
 echo "specrun is installed (llama-cpp-python $installed, backend $label)."
