@@ -17,9 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp as ll
+import numpy as np
 
 from .errors import BackendError
 
@@ -81,8 +80,81 @@ def version() -> str:
     return getattr(ll, "__version__", "unknown")
 
 
+@dataclass(frozen=True)
+class Device:
+    """A compute device as ggml sees it."""
+
+    name: str  # ggml's name, e.g. CUDA0, Metal, CPU, RPC0[127.0.0.1:50052]
+    description: str
+    kind: str  # "cpu", "gpu", "igpu", "accel" or "meta"
+    backend: str  # the registry it belongs to: CPU, CUDA, Metal, RPC, ...
+    free: int  # bytes
+    total: int
+
+
+_DEV_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")  # enum ggml_backend_dev_type, in order
+
+
+def _ggml() -> ctypes.CDLL:
+    """libggml from the llama_cpp package (llama-cpp-python binds llama.h only)."""
+    global _ggml_lib
+    if _ggml_lib is None:
+        libdir = Path(ll.__file__).parent / "lib"
+        name = next((p for p in ("libggml.so", "libggml.dylib", "ggml.dll") if (libdir / p).exists()), None)
+        if name is None:  # pragma: no cover - an unusual build layout
+            raise BackendError(f"cannot find libggml next to llama_cpp in {libdir}", "reinstall with scripts/install.sh")
+        lib = ctypes.CDLL(str(libdir / name))
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        for fn, res, args in (
+            ("ggml_backend_dev_count", sz, []),
+            ("ggml_backend_dev_get", vp, [sz]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_type", ctypes.c_int, [vp]),
+            ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
+            ("ggml_backend_dev_backend_reg", vp, [vp]),
+            ("ggml_backend_reg_name", ctypes.c_char_p, [vp]),
+        ):
+            getattr(lib, fn).restype = res
+            getattr(lib, fn).argtypes = args
+        _ggml_lib = lib
+    return _ggml_lib
+
+
+_ggml_lib: ctypes.CDLL | None = None
+
+
+def devices() -> list[Device]:
+    """Every device llama.cpp can place layers on (local GPUs, RPC workers once added, the CPU)."""
+    _ensure_init()
+    g = _ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+        kind = g.ggml_backend_dev_type(d)
+        out.append(
+            Device(
+                (g.ggml_backend_dev_name(d) or b"").decode(errors="replace"),
+                (g.ggml_backend_dev_description(d) or b"").decode(errors="replace"),
+                _DEV_KINDS[kind] if 0 <= kind < len(_DEV_KINDS) else str(kind),
+                (g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)) or b"").decode(errors="replace"),
+                free.value,
+                total.value,
+            )
+        )
+    return out
+
+
 def supports_gpu_offload() -> bool:
-    return bool(ll.llama_supports_gpu_offload())
+    """Does this build have a local GPU backend (CUDA, Metal, ...)? llama.cpp's own
+    ``llama_supports_gpu_offload`` also says yes for a build with only the RPC backend."""
+    return any(d.kind in ("gpu", "igpu") and d.backend != "RPC" for d in devices())
+
+
+def supports_rpc() -> bool:
+    return bool(ll.llama_supports_rpc())
 
 
 @dataclass(frozen=True)
@@ -142,7 +214,7 @@ class Model:
             why = "; ".join(log.errors) or "out of memory?"
             raise BackendError(
                 f"cannot create a {opts.n_ctx}-token context for {self.path.name}: {why}",
-                "lower -c or --gpu-layers",
+                "lower {n_ctx} or {gpu_layers}",
             )
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
@@ -154,7 +226,9 @@ class Model:
         _batches_live[0] += 1
         self.decode_s = 0.0  # seconds spent inside llama_decode, for overhead profiling
         self.tokens: list[int] = []  # what the KV cache holds; changed only by eval/rollback/reset
-        self.offload = self._parse_offload(lines)
+        # a build with the RPC backend logs "offloaded" even when there is no device to offload to
+        has_device = any(d.kind != "cpu" for d in devices())
+        self.offload = self._parse_offload(lines) if has_device else Offload(0, 0, False)
         self.load_log = log.since_mark()  # llama.cpp's lines from loading and context creation
         self._eog = {t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -206,8 +280,8 @@ class Model:
             raise ValueError("eval() needs at least one token")
         if self.n_past + len(tokens) > self.n_ctx:
             raise BackendError(
-                f"context full: {self.n_past} + {len(tokens)} tokens exceed -c {self.n_ctx}",
-                "raise -c",
+                f"context full: {self.n_past} + {len(tokens)} tokens exceed {{n_ctx}} {self.n_ctx}",
+                "raise {n_ctx}",
             )
         cap = self.n_batch
         if logits == "all" and len(tokens) > min(cap, self.opts.n_outputs_max):
@@ -223,6 +297,12 @@ class Model:
         first = 0 if logits == "all" else last
         ptr = ll.llama_get_logits_ith(self._ctx, first)
         return np.ctypeslib.as_array(ptr, shape=(last - first + 1, self.n_vocab))
+
+    def eval_last(self, tokens: list[int]) -> np.ndarray:
+        """Append ``tokens``; the logits after the last one (a view, valid until the next eval)."""
+        rows = self.eval(tokens, logits="last")
+        assert rows is not None
+        return rows[0]
 
     @property
     def n_past(self) -> int:
@@ -247,7 +327,7 @@ class Model:
         if rc != 0:
             # the cache may hold part of the batch: put it back where it was
             ll.llama_memory_seq_rm(self._mem, 0, pos0, -1)
-            raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower -c")
+            raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower {n_ctx}")
         self.tokens.extend(tokens)
 
     def rollback(self, n_past: int) -> None:
@@ -257,7 +337,7 @@ class Model:
         if not ll.llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise BackendError(
                 f"{self.path.name} cannot roll back its cache (a recurrent or hybrid model)",
-                "speculation needs a transformer target and draft; use --draft none",
+                "speculation needs a transformer target and draft; use {draft} none",
             )
         del self.tokens[n_past:]
 
