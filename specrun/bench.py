@@ -19,6 +19,7 @@ from .engine import DRAFT_MODES, Engine, Settings
 from .errors import InputError, UsageError
 from .sampling import Sampler
 from .stats import RunStats
+from .stream import stream_generate
 
 BASELINE = "none"
 
@@ -60,7 +61,7 @@ def load_prompts(path: Path | None = None) -> list[BenchPrompt]:
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise InputError(f"prompts file not found: {p}", "check --prompts") from None
+        raise InputError(f"prompts file not found: {p}", "check {prompts}", "prompts") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read prompts file {p}: {e}", "pass a UTF-8 JSONL file") from None
     out = []
@@ -188,6 +189,7 @@ class BenchResult:
 
     def to_json(self) -> dict:
         sums = self.summaries()
+        overall = sums.get("overall", {})
         c1 = self.cost.verify_cost(1)
         return {
             "meta": self.meta,
@@ -203,7 +205,7 @@ class BenchResult:
                 "perfect_drafter_speedup": round(max(b * c1 / v for b, v in self.cost.verify.items()), 3) if self.cost.verify else None,
             },
             "predicted_vs_measured": {
-                m: {"predicted": round(self.predicted_speedup(m), 3), "measured": sums.get("overall", {}).get(m).to_json()["speedup"] if m in sums.get("overall", {}) else None}
+                m: {"predicted": round(self.predicted_speedup(m), 3), "measured": overall[m].to_json()["speedup"] if m in overall else None}
                 for m in self.modes if m != BASELINE
             },
         }
@@ -215,8 +217,9 @@ def parse_mode(spec: str) -> tuple[str, int | None]:
     name, sep, k = spec.partition(":")
     if name not in DRAFT_MODES or (sep and (name == "none" or not (k.isdigit() and 1 <= int(k) <= 256))):
         raise UsageError(
-            f"--draft takes modes from {', '.join(DRAFT_MODES)}, each optionally :K for a fixed draft length, got {spec!r}",
-            "e.g. --draft hybrid,model:4,ngram:8",
+            f"{{draft}} takes modes from {', '.join(DRAFT_MODES)}, each optionally :K for a fixed draft length, got {spec!r}",
+            "e.g. hybrid,model:4,ngram:8",
+            "draft",
         )
     return name, int(k) if sep else None
 
@@ -246,7 +249,7 @@ def run_bench(
     (draft-max etc.) and each mode (see ``parse_mode``) replaces its ``draft`` field, or
     fixes K."""
     if runs < 1:
-        raise UsageError("--runs must be >= 1", "e.g. --runs 2")
+        raise UsageError("{runs} must be >= 1", "e.g. 2", "runs")
     all_modes = [BASELINE] + [m for m in modes if m != BASELINE]
     engines = {}
     for m in all_modes:
@@ -259,7 +262,7 @@ def run_bench(
     for m in all_modes:
         e = engines[m]
         e.reset()
-        for _ in e.generate(token_lists[0], min(16, n_predict)):
+        for _ in stream_generate(e, token_lists[0], min(16, n_predict)):
             pass
     samples = []
     for run in range(runs):
@@ -267,11 +270,11 @@ def run_bench(
             for m in all_modes:  # interleaved: A B C A B C ...
                 e = engines[m]
                 e.reset()
-                out = []
-                stats = None
-                for step in e.generate(toks, p.n_predict or n_predict):
-                    out.extend(step.tokens)
-                    stats = step.stats
+                out: list[int] = []
+                stats = RunStats()
+                for event in stream_generate(e, toks, p.n_predict or n_predict):
+                    out.extend(event.tokens)
+                    stats = event.stats
                 sample = Sample(p.cls, i, m, run, stats, out)
                 samples.append(sample)
                 if on_sample:

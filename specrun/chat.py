@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine import Engine, Step
+from .engine import Engine
 from .errors import InputError, SpecrunError
 from .stats import RunStats
+from .stream import Event, stream_generate
 from .template import ChatTemplate, render_chat
 
 
@@ -61,34 +62,34 @@ class ChatSession:
         add = self.add_special and not (bos and text.startswith(bos))
         return text, target.tokenize(text, add_special=add, parse_special=True)
 
-    def send(self, user_text: str, max_tokens: int, stop: threading.Event | None = None) -> Iterator[Step]:
+    def send(self, user_text: str, max_tokens: int, stop: threading.Event | None = None) -> Iterator[Event]:
         """Stream the reply to ``user_text``; the turn is recorded when the stream ends
         (also when it is interrupted: the partial reply stays in the history)."""
         self.messages.append({"role": "user", "content": user_text})
         text, tokens = self._prompt()
-        out: list[int] | None = []
+        out: list[int] = []
+        said: list[str] = []
         stats = RunStats()
+        happened = True
         try:
-            gen = self.engine.generate(tokens, max_tokens, stop)
-            for step in gen:
-                stats = step.stats
-                out.extend(step.tokens)
-                yield step
+            for event in stream_generate(self.engine, tokens, max_tokens, cancel=stop):
+                stats = event.stats
+                out.extend(event.tokens)
+                said.append(event.text)
+                yield event
         except SpecrunError:
             if not out:  # nothing generated (say, the prompt no longer fits): no turn happened
                 self.messages.pop()
-                out = None
+                happened = False
             raise
         finally:
-            if out is not None:
-                self._record(user_text, text, tokens, out, stats)
+            if happened:
+                self._record(user_text, text, tokens, out, "".join(said), stats)
 
-    def _record(self, user_text: str, text: str, tokens: list[int], out: list[int], stats: RunStats) -> None:
+    def _record(self, user_text: str, text: str, tokens: list[int], out: list[int], reply: str, stats: RunStats) -> None:
         target = self.engine.target
-        said = [t for t in out if not target.is_eog(t)]
-        reply = target.detokenize(said).decode("utf-8", errors="replace")
         # the end-of-turn token is left out: the template writes its own (which may differ)
-        self.past_tokens = tokens + said
+        self.past_tokens = tokens + [t for t in out if not target.is_eog(t)]
         self.past_text = text + reply
         if stats.finish_reason is None:
             stats.finish_reason = "interrupted"

@@ -50,6 +50,10 @@ import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .stats import RunStats
 
 EWMA = 0.15
 TIE_EWMA = 0.05
@@ -79,7 +83,8 @@ class CostModel:
     draft_per_token: float | None = None
 
     def verify_cost(self, b: int) -> float:
-        """Measured, or linearly interpolated between measured sizes (flat beyond the ends)."""
+        """Measured, or linearly interpolated between measured sizes; beyond the ends, in
+        proportion to the batch (cost per token as at the nearest measured size)."""
         if b in self.verify:
             return self.verify[b]
         sizes = sorted(self.verify)
@@ -220,6 +225,7 @@ class Controller:
         self.copy = CopyModel()  # the n-gram source's a_j, by copy length
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
         self.tie_rate = 0.0  # how often a position is a near-tie (greedy with a tie margin)
+        self.offer_rate = 1.0  # how often the n-gram lookup has a copy on offer
         self.idle = 0  # rounds since the draft model was last run
         self.probe_every = PROBE_MIN
 
@@ -263,7 +269,8 @@ class Controller:
     def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None) -> Plan:
         """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer,
         ``ngram_match``: how many tokens its copy has already matched; ``room``: how many
-        draft tokens the context and the token budget still allow."""
+        draft tokens the context and the token budget still allow. Planning changes nothing:
+        only ``observe*`` learn."""
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
@@ -275,7 +282,6 @@ class Controller:
             s = usable[0]
             return Plan(s, lengths[s], self.p_split if s == "model" else 0.0)
 
-        self.idle += 1
         best, best_rate = Plan("none", 0), 1.0 / self.cost.verify_cost(1)
         for s in usable:
             if s == "ngram":
@@ -284,14 +290,11 @@ class Controller:
                 k, rate = self.best_k(self.acceptance(), self._draft_cost(s), lengths[s])
             if k and rate > best_rate:
                 best, best_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate
-        if "model" in usable and best.source != "model" and self.idle > self.probe_every:
+        if "model" in usable and best.source != "model" and self.idle >= self.probe_every:
             # the draft model has not been run for a while: try a short draft, in case
             # things changed (the n-gram source needs no probing: it is scored every round)
-            self.probe_every = min(PROBE_MAX, self.probe_every * 2)
             k = min(lengths["model"], max(self.draft_min, 2))
             best = Plan("model", k, self._p_split(k), probe=True)
-        if best.source == "model":
-            self.idle = 0
         return best
 
     def model_can_pay(self, k_max: int) -> bool:
@@ -325,6 +328,9 @@ class Controller:
         """``tie_stop``: the round stopped at a near-tie, not at a rejection (the tie rate
         accounts for that, so the position is not counted against the draft)."""
         self.cost.observe_verify(drafted + 1, verify_s)
+        self.idle = 0 if plan.source == "model" else self.idle + 1
+        if plan.probe:  # the next probe waits longer, unless this one pays (below)
+            self.probe_every = min(PROBE_MAX, self.probe_every * 2)
         if plan.source != "model" or not drafted:
             return  # n-gram guesses are scored by observe_copy, drafted or not
         self.cost.observe_draft(drafted, draft_s)
@@ -350,8 +356,36 @@ class Controller:
         self.tie_rate += TIE_EWMA * (float(tie) - self.tie_rate)
 
     def observe_copy(self, match: int, proposed: list[int], emitted: list[int]) -> None:
-        """The n-gram proposal on offer this round (used or not) against what was emitted."""
+        """The n-gram proposal on offer this round (used or not; empty if none) against what
+        was emitted."""
+        self.offer_rate += TIE_EWMA * (float(bool(proposed)) - self.offer_rate)
         self.copy.observe(match, proposed, emitted)
+
+    # --- explaining ----------------------------------------------------------------
+
+    def idle_reason(self, stats: RunStats, window: int = 32) -> str | None:
+        """Why the controller has drafted little or nothing lately, in words; None while it
+        drafts in more than a quarter of the recent rounds (or is not adaptive)."""
+        recent = stats.draft_lengths[-window:]
+        if self.fixed or not self.sources or len(recent) < 8 or sum(1 for k in recent if k) > len(recent) / 4:
+            return None
+        why = []
+        if "ngram" in self.sources:
+            if self.offer_rate < 0.25:
+                why.append("n-gram: no copy in sight")
+            else:
+                why.append(f"n-gram: copies on offer rarely go on (a fresh match continues {self.copy.p(2):.0%} of the time)")
+        if "model" in self.sources:
+            c1, k = self.cost.verify_cost(1), 4
+            if not self.model_can_pay(self.draft_max):
+                cost = (self.cost.verify_cost(k + 1) + k * self._draft_cost("model")) / c1
+                why.append(
+                    f"draft model idle: here verifying {k} tokens and drafting them costs {cost:.1f} plain steps, "
+                    f"so even {OPTIMISTIC_ACCEPTANCE:.0%} acceptance cannot pay"
+                )
+            else:
+                why.append(f"draft model idle: its drafts are accepted {self.acceptance()[0]:.0%} of the time at the first position, too rarely to pay")
+        return "; ".join(why) or None
 
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)

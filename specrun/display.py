@@ -9,6 +9,9 @@ from rich.text import Text
 from .modelinfo import ModelInfo
 from .pair import PairReport
 from .stats import RunStats
+from .stream import Event
+
+DRAFT_STYLE = "color(109)"  # a muted teal: text that came from accepted drafts, when shown
 
 
 def human_bytes(n: float | int | None) -> str:
@@ -134,6 +137,18 @@ def status_line(s: RunStats) -> Text:
     t.append(f"  draft K={s.current_draft_len}")
     t.append(f"  draft/verify {split}%")
     t.append(f"  {s.n_generated} tok")
+    if s.idle_reason:
+        t.append(f"\n  drafting little: {s.idle_reason}", style="italic dim")
+    return t
+
+
+def event_text(event: Event, show_drafts: bool) -> Text:
+    """An event's new text; with ``show_drafts``, what came from accepted drafts is tinted."""
+    if not show_drafts:
+        return Text(event.text)
+    t = Text()
+    for text, from_draft in event.segments:
+        t.append(text, style=DRAFT_STYLE if from_draft else None)
     return t
 
 
@@ -147,6 +162,7 @@ def summary_line(s: RunStats, label: str = "") -> str:
         f"mean len {s.mean_accept_len:.2f}, {s.tokens_per_decode:.2f} tok/decode | "
         f"draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s | rounds: {src or '-'} | "
         f"finish: {s.finish_reason or '-'}"
+        + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
     )
 
 
@@ -162,6 +178,7 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
         ("tokens per target decode", f"{s.tokens_per_decode:.2f}"),
         ("time: draft / verify / sample / other", f"{s.draft_s:.2f} / {s.verify_s:.2f} / {s.sample_s:.2f} / {s.other_s:.2f} s"),
         ("rounds by source", ", ".join(f"{k}: {v[0]}" for k, v in sorted(s.by_source.items())) or "-"),
+        ("why it drafts little", s.idle_reason or "-"),
     ):
         t.add_row(k, v)
     pos = Table(title="Acceptance per draft position", title_justify="left")

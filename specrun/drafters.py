@@ -20,17 +20,21 @@ if TYPE_CHECKING:
     from .backend import Model
 
 
-@dataclass
+@dataclass(frozen=True)
 class Proposal:
+    """A drafter's guesses, and what the controller learns from them."""
+
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)  # q_i, the law each token was drawn from
     match: int = 0  # n-gram only: how many tokens before the guesses already match the source
+    confidences: list[float] = field(default_factory=list)  # model only: the draft's top-token probability per guess
+    sync_s: float = 0.0  # model only: of the time spent, what went to catching the draft's cache up (a one-off)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, k: int) -> Proposal:
-        return Proposal(self.tokens[:k], self.dists[:k], self.match)
+        return Proposal(self.tokens[:k], self.dists[:k], self.match, self.confidences[:k], self.sync_s)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -47,9 +51,12 @@ def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
 
 
 class Drafter(Protocol):
+    """Whatever guesses the next tokens: up to ``k`` of them after ``tokens``. ``p_split``:
+    stop early below this confidence (only a drafter with confidences can)."""
+
     name: str
 
-    def propose(self, tokens: list[int], k: int) -> Proposal: ...
+    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal: ...
 
 
 class ModelDrafter:
@@ -58,8 +65,9 @@ class ModelDrafter:
     Its KV cache holds a prefix of the sequence (``model.tokens``); each call first re-syncs
     it with the sequence (rolling back the rejected guesses, evaluating what is new) in one
     batch, then drafts one token per decode. Drafting stops early when the draft's own
-    top-token probability falls below ``p_split``: it is unsure, the target probably
-    disagrees, and a rejected guess costs draft time and verify width.
+    top-token probability falls below ``p_split`` (the controller's choice, passed with each
+    call): it is unsure, the target probably disagrees, and a rejected guess costs draft time
+    and verify width.
     """
 
     name = "model"
@@ -69,16 +77,13 @@ class ModelDrafter:
         self.sampler = sampler
         self.rng = rng
         self.n_vocab = min(model.n_vocab, n_vocab_target)
-        self.p_split = 0.0
-        self.confidences: list[float] = []  # top-token probability of each token in the last proposal
-        self.sync_s = 0.0  # of the last proposal's time, what went to catching the cache up (not per-token)
 
     def _sync(self, tokens: list[int]) -> tuple[np.ndarray, int]:
         """Make the draft cache hold ``tokens``; return the logits after the last one and how
         many tokens that evaluated."""
         n = common_prefix(self.model.tokens, tokens, limit=len(tokens) - 1)  # keep the last to evaluate
         self.model.rollback(n)
-        return self.model.eval(tokens[n:], logits="last")[0], len(tokens) - n
+        return self.model.eval_last(tokens[n:]), len(tokens) - n
 
     def rollback(self, keep: int) -> None:
         """Forget cached positions >= keep (called by the engine's rollback helper)."""
@@ -97,18 +102,15 @@ class ModelDrafter:
             self.model.rollback(base)
         return best
 
-    def propose(self, tokens: list[int], k: int) -> Proposal:
-        out = Proposal()
-        self.confidences = []
-        self.sync_s = 0.0
+    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal:
         room = self.model.n_ctx - len(tokens)
         k = min(k, room)
         if k <= 0:
-            return out
+            return Proposal()
         t = time.perf_counter()
         logits, evaluated = self._sync(tokens)
-        if evaluated > 2:  # more than a round's usual one or two: a catch-up
-            self.sync_s = time.perf_counter() - t
+        # more than a round's usual one or two tokens: a catch-up, not a per-token cost
+        out = Proposal(sync_s=time.perf_counter() - t if evaluated > 2 else 0.0)
         for i in range(k):
             row = logits[: self.n_vocab]
             if self.sampler.greedy:
@@ -119,13 +121,13 @@ class ModelDrafter:
                 q = self.sampler.dist(row)
                 x = q.sample(self.rng)
                 conf = q.top[1]
-            if conf < self.p_split and i > 0:
+            if conf < p_split and i > 0:
                 break
             out.tokens.append(x)
             out.dists.append(q)
-            self.confidences.append(conf)
+            out.confidences.append(conf)
             if i + 1 < k:  # the last guess is not evaluated here: the target judges it first
-                logits = self.model.eval([x], logits="last")[0]
+                logits = self.model.eval_last([x])
         return out
 
 
@@ -201,7 +203,8 @@ class NgramDrafter:
             return None
         return self._copy(tokens, nxt, k, 0)  # past the edit; a fresh edit starts with no evidence
 
-    def propose(self, tokens: list[int], k: int) -> Proposal:
+    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal:
+        """The copy on offer after ``tokens`` (``p_split`` does not apply: a copy has no confidence)."""
         if k <= 0 or len(tokens) < self.n_min + 1:
             return Proposal()
         self._update(tokens)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .control import CALIBRATION_SIZES, Controller, CostModel, Plan, calibrate, now
-from .drafters import ModelDrafter, NgramDrafter, Proposal, common_prefix
+from .drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
 from .sampling import Sampler, accept_or_resample
 from .stats import RoundStats, RunStats
@@ -28,12 +28,15 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
     from .backend import Model
 
 DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """How to draft. Every front end builds one of these; its defaults are the defaults."""
+
     draft: str = "hybrid"  # model | ngram | hybrid | none
-    draft_max: int = 32
+    draft_max: int | None = None  # None: DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
     draft_min: int = 1
     p_split: float = 0.6
     fixed: bool = False
@@ -42,38 +45,60 @@ class Settings:
     tie_margin: float = 0.5  # greedy: near-ties closer than this are settled by a plain step
 
     def __post_init__(self):
+        if self.draft_max is None:
+            object.__setattr__(self, "draft_max", DRAFT_MAX_FIXED if self.fixed else DRAFT_MAX_ADAPTIVE)
         if self.draft not in DRAFT_MODES:
-            raise UsageError(f"--draft must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}", "pick one")
-        if self.draft_max < 1:
-            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max}", "use --draft none for no drafting")
-        if not 0 <= self.draft_min <= self.draft_max:
-            raise UsageError(
-                f"--draft-min must be in [0, --draft-max={self.draft_max}], got {self.draft_min}", "lower it"
-            )
+            raise UsageError(f"{{draft}} must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}", "pick one", "draft")
+        if self.k_max < 1:
+            raise UsageError(f"{{draft_max}} must be >= 1, got {self.draft_max}", "use {draft} none for no drafting", "draft_max")
+        if not 0 <= self.draft_min <= self.k_max:
+            raise UsageError(f"{{draft_min}} must be in [0, {self.k_max}] ({{draft_max}}), got {self.draft_min}", "lower it", "draft_min")
         if not 0.0 <= self.p_split <= 1.0:
-            raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}", "e.g. 0.6")
+            raise UsageError(f"{{p_split}} must be in [0, 1], got {self.p_split}", "e.g. 0.6", "p_split")
         if not self.tie_margin >= 0:
-            raise UsageError(f"--tie-margin must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off")
+            raise UsageError(f"{{tie_margin}} must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off", "tie_margin")
         if not 1 <= self.ngram_min <= self.ngram_max:
-            raise UsageError("--ngram-min/--ngram-max need 1 <= min <= max", "e.g. 2 and 6")
+            raise UsageError("{ngram_min} and {ngram_max} need 1 <= min <= max", "e.g. 2 and 6", "ngram_min")
+
+    @property
+    def k_max(self) -> int:
+        """``draft_max`` once resolved (never None after construction)."""
+        assert self.draft_max is not None
+        return self.draft_max
 
     @property
     def sources(self) -> list[str]:
         return {"model": ["model"], "ngram": ["ngram"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
 
+    def without_draft_model(self) -> Settings:
+        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone."""
+        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" else self
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """What one speculative round did: the tokens it adds and how it got them."""
+
+    emitted: list[int]  # the tokens to append: ``accepted`` drafts, then (unless deferred) one of the target's own
+    accepted: int  # how many of the drafts the target kept, a prefix of ``proposal``
+    deferred: bool  # greedy: the position after the accepted drafts was a near-tie, left to a plain round
+    proposal: Proposal  # the drafts that were verified (already cut to the plan's K)
+    stats: RoundStats
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """What one round adds to the output."""
+    """What one round adds to the output, as the engine's generator yields it."""
 
     tokens: list[int]
+    n_from_draft: int  # the first n tokens were drafts the target accepted
     round: RoundStats
     stats: RunStats
 
 
 def speculative_round(
     target: Model,
-    drafter,
+    drafter: Drafter | None,
     tokens: list[int],
     plan: Plan,
     sampler: Sampler,
@@ -81,19 +106,21 @@ def speculative_round(
     draft_min: int = 1,
     proposal: Proposal | None = None,
     tie_margin: float = 0.0,
-) -> tuple[list[int], RoundStats, Proposal]:
-    """One round of speculative decoding. Returns the tokens to append and the round's stats.
+) -> Round:
+    """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
+
+    ``tokens`` is the sequence; the target's cache holds all of it but the last token. A
+    ready-made ``proposal`` (the n-gram guess on offer) is used instead of asking ``drafter``.
 
     At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
-    undecided (nothing is emitted for it): llama.cpp's batched kernels differ from its
-    one-token kernels by up to ~0.5 logit on quantized CPU weights, so only a one-token
-    decode, as plain decoding does it, can settle such a near-tie. The engine makes the next
-    round a plain step.
+    undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
+    kernels by up to ~0.5 logit on quantized CPU weights, so only a one-token decode, as plain
+    decoding does it, can settle such a near-tie. The engine makes the next round a plain step.
     """
     t0 = now()
-    # Step 1: the drafter proposes up to K tokens (an n-gram proposal may come ready-made)
+    # Step 1: the drafter proposes up to K tokens
     if proposal is None:
-        proposal = drafter.propose(tokens, plan.k) if drafter is not None and plan.k > 0 else Proposal()
+        proposal = drafter.propose(tokens, plan.k, plan.p_split) if drafter is not None and plan.k > 0 else Proposal()
     draft = proposal.cut(plan.k)
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
@@ -103,33 +130,31 @@ def speculative_round(
     # Step 2: the target scores the pending token plus all K drafts in ONE decode;
     # row i holds the target's distribution for the token after draft i-1
     logits = target.eval([tokens[-1], *draft.tokens], logits="all")
+    assert logits is not None
     t2 = now()
 
     # Step 3: accept a prefix of the drafts, then append one token of the target's own
+    deferred = False
     if sampler.greedy:
         # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
         # the first mismatch is the correction (after a full accept, it is the bonus token)
         best = np.argmax(logits, axis=1)
-        tie0 = near_tie(logits[0], best[0], tie_margin)  # also checked in plain rounds: the tie rate
-
-        def tie(i: int) -> bool:
-            return tie0 if i == 0 else near_tie(logits[i], best[i], tie_margin)
-
+        ties = [near_tie(logits[0], int(best[0]), tie_margin)]  # row 0 is checked every round: the tie rate
         n = 0
-        while n < k and draft.tokens[n] == best[n] and not tie(n):
+        while n < k and draft.tokens[n] == best[n] and not ties[n]:
             n += 1
-        if k and tie(n):
-            emitted = [*draft.tokens[:n]]  # position n is decided by the next, plain round
-        else:
-            emitted = [*draft.tokens[:n], int(best[n])]
+            ties.append(near_tie(logits[n], int(best[n]), tie_margin))
+        deferred = k > 0 and ties[n]  # position n is decided by the next, plain round
+        emitted = [*draft.tokens[:n]] if deferred else [*draft.tokens[:n], int(best[n])]
     else:
-        tie0 = False
+        ties = [False]
         # exact speculative sampling: accept x_i with probability min(1, p(x_i)/q(x_i));
         # on a rejection, resample from norm(max(0, p - q)); after a full accept, draw from p
         emitted, n = [], 0
         for i, x in enumerate(draft.tokens):
             ok, replacement = accept_or_resample(x, sampler.dist(logits[i]), draft.dists[i], rng)
             if not ok:
+                assert replacement is not None
                 emitted.append(replacement)
                 break
             emitted.append(x)
@@ -139,26 +164,24 @@ def speculative_round(
     t3 = now()
 
     # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
-    # last token, which is the correction, or the last accepted draft if a near-tie deferred)
-    deferred = len(emitted) == n
+    # last token: the correction, or the last accepted draft if a near-tie was deferred)
     rollback(target, drafter, len(tokens) + n - deferred)
-    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, tie0)
-    return emitted, stats, draft
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, ties[0])
+    return Round(emitted, n, deferred, draft, stats)
 
 
 def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
-    """Is the runner-up within ``margin`` of the top logit? (Two passes, no sort.)"""
+    """Is the runner-up within ``margin`` of the top logit? (Reads the row, never writes it.)"""
     if margin <= 0:
         return False
-    best = row[top]
-    row[top] = -np.inf  # llama.cpp's own buffer, restored at once
-    second = row.max()
-    row[top] = best
-    return bool(best - second < margin)
+    second = max(row[:top].max(initial=-np.inf), row[top + 1 :].max(initial=-np.inf))
+    return bool(row[top] - second < margin)
 
 
-def rollback(target: Model, drafter, keep: int) -> None:
-    """The one helper that moves caches back: keep the first ``keep`` positions."""
+def rollback(target: Model, drafter: Drafter | None, keep: int) -> None:
+    """Keep the first ``keep`` positions of the target's cache and of the draft model's, if
+    a draft model is in play. The engine moves caches back only through here; the backend's
+    ``Model.rollback`` does the work for one model."""
     target.rollback(keep)
     if isinstance(drafter, ModelDrafter):
         drafter.rollback(keep)
@@ -176,7 +199,7 @@ class Engine:
         cost: CostModel | None = None,
     ):
         if "model" in settings.sources and draft is None:
-            raise UsageError(f"--draft {settings.draft} needs a draft model", "pass -d DRAFT or use --draft ngram")
+            raise UsageError(f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model")
         self.target = target
         self.settings = settings
         self.sampler = sampler
@@ -189,7 +212,7 @@ class Engine:
         self.controller = Controller(
             settings.sources,
             draft_min=settings.draft_min,
-            draft_max=settings.draft_max,
+            draft_max=settings.k_max,
             p_split=settings.p_split,
             fixed=settings.fixed,
             cost=self.cost,
@@ -202,11 +225,12 @@ class Engine:
         """Make the target's cache hold ``prompt[:-1]``, reusing the common prefix with what
         it already holds. Returns how many tokens were evaluated."""
         if not prompt:
-            raise UsageError("the prompt is empty", "pass some text with -p, --prompt-file or stdin")
+            raise UsageError("the prompt is empty", "give some text", "prompt")
         if len(prompt) > self.target.n_ctx:
             raise PromptTooLong(
                 f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}",
-                f"use -c {_round_up(len(prompt) + 256)} or a shorter prompt",
+                f"raise {{n_ctx}} to {_round_up(len(prompt) + 256)} or shorten the prompt",
+                "n_ctx",
             )
         n = common_prefix(self.target.tokens, prompt, limit=len(prompt) - 1)
         rollback(self.target, self.model_drafter, n)
@@ -237,7 +261,7 @@ class Engine:
             return dt
 
         measure(1)  # the first decode after a load or a pause is slow: not part of the curve
-        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.draft_max + 1)]
+        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.k_max + 1)]
         cal = calibrate(measure, sizes)
         self.cost.verify.update(cal.verify)
         if self.model_drafter is not None and self.model_drafter.model.n_ctx > self.model_drafter.model.n_past:
@@ -246,11 +270,16 @@ class Engine:
 
     # --- generation ---------------------------------------------------------------------
 
-    def generate(self, prompt: list[int], max_tokens: int, stop: threading.Event | None = None) -> Iterator[Step]:
-        """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``."""
-        stats = RunStats()
+    def generate(
+        self, prompt: list[int], max_tokens: int, stop: threading.Event | None = None, stats: RunStats | None = None
+    ) -> Generator[Step, None, None]:
+        """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``.
+        ``stats`` (a fresh one if not given) is filled in as the run goes, also when it ends
+        before its first round."""
+        stats = stats if stats is not None else RunStats()
         t0 = now()
         stats.n_prompt_tokens = self.prefill(prompt)
+        stats.n_cached_tokens = len(prompt) - stats.n_prompt_tokens
         stats.prompt_s = now() - t0
         tokens = self.tokens
         t_start = now()
@@ -272,22 +301,21 @@ class Engine:
                 plan, copy = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
                 if force_plain:
                     plan = Plan("none", 0)
-                emitted, rnd, _ = speculative_round(
+                r = speculative_round(
                     self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
                     self.settings.draft_min, copy if plan.source == "ngram" else None, self.settings.tie_margin,
-                )
-                force_plain = rnd.drafted > 0 and len(emitted) == rnd.accepted  # a near-tie was deferred
+                )  # fmt: skip
+                force_plain = r.deferred
                 # the draft's per-token cost leaves out catching its cache up (after a long
                 # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
-                sync_s = self.model_drafter.sync_s if plan.source == "model" and self.model_drafter else 0.0
                 self.controller.observe(
-                    plan, rnd.drafted, rnd.accepted, rnd.verify_s, rnd.draft_s - sync_s,
-                    self.model_drafter.confidences if plan.source == "model" and self.model_drafter else None,
-                    tie_stop=force_plain,
-                )
-                self.controller.observe_tie(rnd.near_tie)
-                if copy:  # the n-gram guess on offer, used or not, against what the target produced
-                    self.controller.observe_copy(copy.match, copy.tokens, emitted)
+                    plan, r.stats.drafted, r.accepted, r.stats.verify_s, r.stats.draft_s - r.proposal.sync_s,
+                    r.proposal.confidences, tie_stop=r.deferred,
+                )  # fmt: skip
+                self.controller.observe_tie(r.stats.near_tie)
+                if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
+                    self.controller.observe_copy(copy.match if copy else 0, copy.tokens if copy else [], r.emitted)
+                emitted = r.emitted
                 for i, t in enumerate(emitted):
                     if self.target.is_eog(t):
                         emitted = emitted[: i + 1]
@@ -296,32 +324,29 @@ class Engine:
                 tokens.extend(emitted)
                 if reason == "stop":  # drop any accepted tokens past the end of generation
                     rollback(self.target, self.model_drafter, min(self.target.n_past, len(tokens) - 1))
-                rnd = dataclasses.replace(rnd, emitted=len(emitted))
+                rnd = dataclasses.replace(r.stats, emitted=len(emitted))
                 stats.add(rnd)
                 stats.wall_s = now() - t_start
-                yield Step(emitted, rnd, stats)
+                stats.idle_reason = self.controller.idle_reason(stats)
+                yield Step(emitted, min(r.accepted, len(emitted)), rnd, stats)
         finally:
             stats.wall_s = now() - t_start
             stats.finish_reason = reason or "interrupted"
 
     def _plan(self, tokens: list[int], room: int) -> tuple[Plan, Proposal | None]:
         """The controller's plan, and the n-gram proposal on offer (if any)."""
-        copy = self.ngram.propose(tokens, max(0, min(room, self.settings.draft_max))) if self.ngram else None
+        copy = self.ngram.propose(tokens, max(0, min(room, self.settings.k_max))) if self.ngram else None
         plan = self.controller.plan(
             ngram_available=len(copy) if copy is not None else 0,
             ngram_match=copy.match if copy is not None else 0,
             room=room,
         )
-        if plan.source == "model" and self.model_drafter is not None:
-            self.model_drafter.p_split = plan.p_split
         return plan, copy
 
-    def _drafter(self, plan: Plan):
-        if plan.source == "model":
-            return self.model_drafter
+    def _drafter(self, plan: Plan) -> Drafter | None:
         if plan.source == "ngram":
             return self.ngram
-        return self.model_drafter  # plain step: still passed so rollback keeps the draft in step
+        return self.model_drafter  # a plain step too: passed so that rollback keeps the draft in step
 
 
 def _round_up(n: int, to: int = 512) -> int:

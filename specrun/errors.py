@@ -15,6 +15,9 @@ The CLI turns these into a one-line message at exactly one place (``specrun.cli.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -23,15 +26,33 @@ EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
 
+_SETTING = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+
+
 class SpecrunError(Exception):
-    """Base class: ``str(err)`` is the one-line message shown to the user."""
+    """Base class: ``str(err)`` is the one-line message shown to the user.
+
+    The core names settings, never flags: a message or fix may write ``{draft_max}`` for a
+    setting, and each front end renders it in its own words (the CLI as ``--draft-max``, the
+    HTTP server as a JSON field). ``field`` is the setting the error is about, if any.
+    """
 
     exit_code = EXIT_FAIL
 
-    def __init__(self, message: str, fix: str | None = None):
+    def __init__(self, message: str, fix: str | None = None, field: str | None = None):
         self.message = message
         self.fix = fix
-        super().__init__(message if not fix else f"{message}; {fix}")
+        self.field = field
+        super().__init__(self.render())
+
+    def render(self, name_of: Callable[[str], str] = lambda s: s) -> str:
+        """The one-line message, with every ``{setting}`` written as ``name_of(setting)``."""
+        return render(self.message if not self.fix else f"{self.message}; {self.fix}", name_of)
+
+
+def render(text: str, name_of: Callable[[str], str] = lambda s: s) -> str:
+    """A core message (an error, a notice) with every ``{setting}`` written as ``name_of(setting)``."""
+    return _SETTING.sub(lambda m: name_of(m.group(1)), text)
 
 
 class UsageError(SpecrunError):

@@ -22,9 +22,9 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -175,7 +175,7 @@ class _Reader:
         self.pos += count * dt.itemsize
         return arr.astype(bool) if etype == GGUFValueType.BOOL else arr
 
-    def _strings(self, count: int, what: str) -> "StringArray":
+    def _strings(self, count: int, what: str) -> StringArray:
         # walk the lengths only; the texts are decoded lazily, on access
         buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
         start = pos

@@ -108,7 +108,7 @@ def _load_file(path: Path) -> dict[str, Entry]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RegistryError(f"registry file not found: {path}", "check --registry / SPECRUN_REGISTRY") from None
+        raise RegistryError(f"registry file not found: {path}", "check {registry} / SPECRUN_REGISTRY") from None
     except (OSError, UnicodeDecodeError) as e:
         raise RegistryError(f"cannot read registry {path}: {e}", "check the file") from None
     try:

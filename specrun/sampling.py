@@ -64,13 +64,13 @@ class Sampler:
 
     def __post_init__(self):
         if not self.temperature >= 0:
-            raise UsageError(f"--temp must be >= 0, got {self.temperature}", "use 0 for greedy decoding")
+            raise UsageError(f"{{temperature}} must be >= 0, got {self.temperature}", "use 0 for greedy decoding", "temperature")
         if self.top_k < 0:
-            raise UsageError(f"--top-k must be >= 0, got {self.top_k}", "use 0 to disable it")
+            raise UsageError(f"{{top_k}} must be >= 0, got {self.top_k}", "use 0 to disable it", "top_k")
         if not 0 < self.top_p <= 1:
-            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}", "use 1 to disable it")
+            raise UsageError(f"{{top_p}} must be in (0, 1], got {self.top_p}", "use 1 to disable it", "top_p")
         if not 0 <= self.min_p <= 1:
-            raise UsageError(f"--min-p must be in [0, 1], got {self.min_p}", "use 0 to disable it")
+            raise UsageError(f"{{min_p}} must be in [0, 1], got {self.min_p}", "use 0 to disable it", "min_p")
 
     @property
     def greedy(self) -> bool:

@@ -1,20 +1,30 @@
-"""Opening a target/draft pair for generation: check first, then load, then report placement.
+"""Opening a target/draft pair for generation: resolve, check first, then load, then report.
 
-Shared by `generate`, `chat` and `bench`. Returns notices as strings; the CLI prints them.
+Shared by every front end that loads models (generate, chat, bench, serve): resolving the
+names, opening the pair, the engine with this machine's stored costs, and the chat prompt.
+Returns notices as strings; the front end shows them.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import backend
-from .backend import LoadOptions, Model
 from .compat import check_vocab
 from .control import CostModel, CostStore
-from .errors import IncompatiblePair
+from .engine import Engine, Settings
+from .errors import IncompatiblePair, InputError, UsageError
 from .memory import check_fit, estimate
 from .modelinfo import ModelInfo, model_info
+from .registry import Registry, Resolved
+from .sampling import Sampler
+from .template import ChatTemplate, render_chat
+
+if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
+    from .backend import Model
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
@@ -25,11 +35,68 @@ GPU_REINSTALL = (
 
 @dataclass(frozen=True)
 class PairConfig:
+    """How to load a pair. Every front end builds one of these; its defaults are the defaults."""
+
     n_ctx: int = 4096
     gpu_layers: int = -1
     gpu_layers_draft: int | None = None
-    threads: int = 2
+    threads: int = field(default_factory=lambda: default_threads())
     verbose: bool = False
+
+    def __post_init__(self):
+        _check_range("n_ctx", self.n_ctx, 16, 1 << 24)
+        _check_range("threads", self.threads, 1, 1024)
+        _check_range("gpu_layers", self.gpu_layers, -1)
+        if self.gpu_layers_draft is not None:
+            _check_range("gpu_layers_draft", self.gpu_layers_draft, -1)
+
+
+def default_threads() -> int:
+    """All cores up to 8 (more rarely helps token generation, which is memory-bound)."""
+    return max(1, min(os.cpu_count() or 2, 8))
+
+
+def cache_dir() -> Path:
+    """Where specrun keeps what it measures: $SPECRUN_CACHE_DIR, else the XDG cache."""
+    base = os.environ.get("SPECRUN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "specrun"
+    )
+    return Path(base)
+
+
+def cost_store() -> CostStore:
+    return CostStore(cache_dir() / "costs.json")
+
+
+def _check_range(field: str, value: int, lo: int, hi: int | None = None) -> None:
+    if value < lo or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise UsageError(f"{{{field}}} must be {bounds}, got {value}", f"pass a value {bounds}", field)
+
+
+def require_file(r: Resolved) -> Resolved:
+    """A registry entry whose file is missing gets the entry's `source` as the fix."""
+    if not r.path.exists() and r.entry is not None:
+        how = r.entry.source or "download it or fix `path` in your models.toml"
+        raise InputError(f"model {r.entry.name!r} is not on disk ({r.path})", f"get it with: {how}")
+    return r
+
+
+def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: Settings) -> tuple[Resolved, Resolved | None, Settings]:
+    """The target and draft files for these names, and the settings as they apply: with no
+    draft model to fall back on, hybrid drafting is the n-gram lookup alone."""
+    target = require_file(reg.resolve(model))
+    draft = None
+    if "model" in settings.sources:
+        d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
+        if d is None:
+            if settings.draft == "model":
+                raise UsageError(
+                    f"no draft model for {target.label}", "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram", "draft_model"
+                )
+        else:
+            draft = require_file(d)
+    return target, draft, settings if draft is not None else settings.without_draft_model()
 
 
 @dataclass
@@ -40,6 +107,7 @@ class OpenPair:
     draft_info: ModelInfo | None
     notices: list[str] = field(default_factory=list)
     cost_key: str = ""
+    labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
 
     def close(self) -> None:
         if self.draft is not None:
@@ -49,6 +117,9 @@ class OpenPair:
 
 def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> OpenPair:
     """Check the vocabularies from headers (before any weights load), then load both."""
+    from . import backend
+    from .backend import LoadOptions, Model
+
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
     if d_info is not None:
@@ -56,7 +127,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
         if not compat.compatible:
             raise IncompatiblePair(
                 f"{d_info.path.name} cannot draft for {t_info.path.name}: {compat.reason()}",
-                "pick a draft of the same family (specrun check-pair shows the details) or use --draft ngram",
+                "pick a draft of the same family (specrun check-pair shows the details) or use {draft} ngram",
             )
     notices = []
     mems = [estimate(t_info, "target", cfg.n_ctx, cfg.gpu_layers)]
@@ -66,7 +137,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     fit = check_fit(mems)
     if not fit.fits:
         short = ", ".join(f"{p.name} needs {p.need / 2**30:.1f} GiB of {p.free / 2**30:.1f} GiB free" for p in fit.pools if not p.fits)
-        notices.append(f"warning: the models may not fit ({short}); lower -c or --gpu-layers if loading fails")
+        notices.append(f"warning: the models may not fit ({short}); lower {{n_ctx}} or {{gpu_layers}} if loading fails")
     if cfg.gpu_layers != 0 and not backend.supports_gpu_offload():
         notices.append(GPU_REINSTALL)
     opts = LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=cfg.gpu_layers, n_threads=cfg.threads, verbose=cfg.verbose)
@@ -88,6 +159,8 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
 
 
 def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig) -> str:
+    from . import backend
+
     parts = [f"{t.path.name}:{t.file_size}"]
     if d is not None:
         parts.append(f"{d.path.name}:{d.file_size}")
@@ -98,3 +171,34 @@ def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig) -> str:
 
 def load_costs(store: CostStore, key: str) -> CostModel:
     return store.load(key) or CostModel()
+
+
+def open_engine(pair: OpenPair, settings: Settings, sampler: Sampler, store: CostStore, on_calibrate: Callable[[], None] | None = None) -> Engine:
+    """An engine with this machine's stored cost model, calibrated first if there is none
+    (``on_calibrate`` is told before it starts: it takes seconds)."""
+    engine = Engine(pair.target, pair.draft, settings, sampler, load_costs(store, pair.cost_key))
+    if settings.sources and not settings.fixed and not engine.cost.verify:
+        if on_calibrate is not None:
+            on_calibrate()
+        engine.calibrate()
+    return engine
+
+
+def model_template(pair: OpenPair) -> ChatTemplate:
+    """The target's chat template, with its BOS and EOS token texts."""
+    info = pair.target_info
+    tok = info.tokens
+
+    def text(i: int | None) -> str:
+        return tok[i] if i is not None and 0 <= i < len(tok) else ""
+
+    return ChatTemplate(info.chat_template, text(info.bos_id), text(info.eos_id))
+
+
+def chat_prompt(pair: OpenPair, messages: list[dict], warn: Callable[[str], None] | None = None) -> list[int]:
+    """Messages rendered with the model's template, as token ids. Templates that write the
+    BOS text themselves do not get a second one from the tokenizer."""
+    tmpl = model_template(pair)
+    text = render_chat(tmpl, messages, warn)
+    bos = tmpl.bos_token
+    return pair.target.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)

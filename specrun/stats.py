@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "context", "interrupted")
+FINISH_REASONS = ("stop", "length", "context", "stop_string", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class RoundStats:
 @dataclass
 class RunStats:
     n_prompt_tokens: int = 0  # tokens prefilled for this request (only the new ones in a chat)
+    n_cached_tokens: int = 0  # prompt tokens the KV cache already held (reused, not evaluated)
     n_generated: int = 0
     prompt_s: float = 0.0
     wall_s: float = 0.0  # generation time, from the first round to the last
@@ -39,6 +41,17 @@ class RunStats:
     draft_lengths: list[int] = field(default_factory=list)  # history, one per round
     finish_reason: str | None = None
     last_round: RoundStats | None = None
+    idle_reason: str | None = None  # why the controller drafts little or nothing lately, in words
+
+    def snapshot(self) -> RunStats:
+        """A copy that later rounds do not change."""
+        return dataclasses.replace(
+            self,
+            proposed_at=list(self.proposed_at),
+            accepted_at=list(self.accepted_at),
+            by_source={k: list(v) for k, v in self.by_source.items()},
+            draft_lengths=list(self.draft_lengths),
+        )
 
     def add(self, r: RoundStats) -> None:
         self.n_rounds += 1
@@ -68,7 +81,7 @@ class RunStats:
     def merge(self, other: RunStats) -> None:
         """Add another run's numbers to this one (a chat session's running total)."""
         for name in (
-            "n_prompt_tokens n_generated prompt_s wall_s draft_s verify_s sample_s n_rounds "
+            "n_prompt_tokens n_cached_tokens n_generated prompt_s wall_s draft_s verify_s sample_s n_rounds "
             "n_target_decodes n_drafted n_accepted n_drafted_rounds"
         ).split():
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -85,6 +98,7 @@ class RunStats:
         self.draft_lengths.extend(other.draft_lengths)
         self.finish_reason = other.finish_reason
         self.last_round = other.last_round
+        self.idle_reason = other.idle_reason
 
     @property
     def acceptance_rate(self) -> float:
@@ -122,6 +136,7 @@ class RunStats:
     def to_json(self) -> dict:
         return {
             "n_prompt_tokens": self.n_prompt_tokens,
+            "n_cached_tokens": self.n_cached_tokens,
             "n_generated": self.n_generated,
             "prompt_tps": round(self.prompt_tps, 3),
             "generation_tps": round(self.generation_tps, 3),
@@ -143,4 +158,5 @@ class RunStats:
             "wall_s": round(self.wall_s, 6),
             "draft_lengths": self.draft_lengths,
             "finish_reason": self.finish_reason,
+            "idle_reason": self.idle_reason,
         }

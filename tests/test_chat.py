@@ -14,17 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_models import bpe_vocab, make_weights, write_model
 
 from specrun.backend import LoadOptions, Model
 from specrun.chat import ChatSession
 from specrun.control import CostModel
-from specrun.drafters import common_prefix
 from specrun.engine import Engine, Settings
 from specrun.errors import InputError, PromptTooLong
 from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
 from specrun.template import ChatTemplate, TemplateError, plain_format
-from tiny_models import bpe_vocab, make_weights, write_model
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 ANSI = re.compile(r"\x1b[\[\]()]")

@@ -11,7 +11,13 @@ import pytest
 from rich.console import Console
 
 from specrun.display import (
-    human_bytes, human_count, inspect_table, models_table, pair_table, stats_table, status_line,
+    human_bytes,
+    human_count,
+    inspect_table,
+    models_table,
+    pair_table,
+    stats_table,
+    status_line,
     summary_line,
 )
 from specrun.memory import Gpu, GpuQuery, check_fit, estimate

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import CostModel
+from specrun.control import CostModel, Plan
 from specrun.engine import Engine, Settings, speculative_round
-from specrun.control import Plan
 from specrun.errors import PromptTooLong, UsageError
 from specrun.sampling import Sampler
 
@@ -134,9 +133,9 @@ def test_one_round_follows_the_paper(loaded):
     e = Engine(target, draft, Settings("model", draft_max=4, p_split=0.0, fixed=True), Sampler(0.0))
     prompt = target.tokenize(PROMPTS[1])
     e.prefill(prompt)
-    emitted, rnd, proposal = speculative_round(target, e.model_drafter, prompt, Plan("model", 4), Sampler(0.0), e.rng)
-    assert rnd.drafted == 4 and rnd.accepted == 4 and len(emitted) == 5
-    assert emitted[:4] == proposal.tokens
+    r = speculative_round(target, e.model_drafter, prompt, Plan("model", 4), Sampler(0.0), e.rng)
+    assert r.stats.drafted == 4 and r.accepted == 4 and len(r.emitted) == 5 and not r.deferred
+    assert r.emitted[:4] == r.proposal.tokens
     assert target.n_past == len(prompt) + 4
 
 
@@ -159,7 +158,7 @@ def test_context_full_is_a_finish_reason(tiny):
 def test_prompt_longer_than_context_and_empty_prompt(tiny):
     with Model(tiny["target"], LoadOptions(n_ctx=256, n_threads=2)) as t:
         e = Engine(t, None, Settings("none"), Sampler(0.0))
-        with pytest.raises(PromptTooLong, match=r"300 tokens but the context holds 256; use -c 1024"):
+        with pytest.raises(PromptTooLong, match=r"300 tokens but the context holds 256; raise n_ctx to 1024"):
             list(e.generate(list(range(10, 310)), 5))
         with pytest.raises(UsageError):
             list(e.generate([], 5))
@@ -198,7 +197,7 @@ def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
     d = ModelDrafter(loaded["draft-copy"], Sampler(0.0), np.random.default_rng(0), t.n_vocab)
     d.model.reset()
     toks = t.tokenize(PROMPTS[0] * 3, add_special=True)
-    d.propose(toks, 2)  # the draft has seen nothing yet: this proposal first evaluates everything
-    assert d.sync_s > 0
-    d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2)  # one more token: a normal round
-    assert d.sync_s == 0.0
+    first = d.propose(toks, 2)  # the draft has seen nothing yet: this proposal first evaluates everything
+    assert first.sync_s > 0
+    later = d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2)  # one more token: a normal round
+    assert later.sync_s == 0.0

@@ -133,7 +133,7 @@ def test_prompt_longer_than_the_context_exit_1(tiny, tmp_path, capsys):
     f.write_text("hello world " * 100)  # about 400 tokens of the tiny vocabulary
     code, out, err = run_main(gen_argv(tiny, "--draft", "none", "--prompt-file", str(f), "-c", "256"), capsys)
     assert code == EXIT_FAIL
-    m = re.search(r"the prompt has (\d+) tokens but the context holds 256; use -c (\d+)", error_line(err))
+    m = re.search(r"the prompt has (\d+) tokens but the context holds 256; raise -c/--ctx to (\d+)", error_line(err))
     assert m, err
     n, need = int(m.group(1)), int(m.group(2))
     assert 300 < n < 500 and need >= n
@@ -183,12 +183,12 @@ def test_unreadable_prompt_file_exit_3(tiny, tmp_path, capsys, path):
 
 
 def test_draft_of_another_family_exit_1_before_loading(tiny, capsys, monkeypatch):
-    import specrun.session
+    import specrun.backend
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before the vocabulary check")
 
-    monkeypatch.setattr(specrun.session, "Model", no_load)
+    monkeypatch.setattr(specrun.backend, "Model", no_load)
     code, out, err = run_main(gen_argv(tiny, "-d", str(tiny["other-family"]), "-p", PROMPT), capsys)
     assert code == EXIT_FAIL and out == ""
     line = only_error_line(err)

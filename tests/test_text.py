@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tiny_models import SPLIT_CHAR
 
 from specrun.backend import LoadOptions, Model
 from specrun.text import Utf8Stream
-from tiny_models import SPLIT_CHAR
 
 REPLACEMENT = "\ufffd"
 EMOJI = "😀"  # four bytes, four byte tokens in the tiny vocabulary

@@ -7,9 +7,8 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 import pytest
-
 import tiny_models
-from tiny_models import VARIANTS, build_all, bpe_vocab, make_weights, write_model
+from tiny_models import VARIANTS, bpe_vocab, build_all, make_weights, write_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

@@ -11,55 +11,36 @@ import typer
 from rich.table import Table
 
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
-from ..control import CostStore
-from ..engine import DRAFT_MODES
+from ..engine import Settings
 from ..errors import UsageError
 from ..sampling import Sampler
-from .common import (
-    CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, FixedOpt, GpuLayersDraftOpt, GpuLayersOpt,
-    NgramMaxOpt, NgramMinOpt, TieMarginOpt, NPredictOpt, PSplitOpt, RegistryOpt, TargetOpt, ThreadsOpt,
-    VerboseOpt, cache_dir, check_range, default_threads, load_registry, print_json, stderr, stdout,
-)
-from .generate import build_settings, chat_prompt, resolve_models
+from ..session import chat_prompt, cost_store, load_costs
+from .common import load_pair, print_json, stderr, stdout
+from .options import LOADING, Options, shared
 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
+    @shared(LOADING, exclude=("draft",))
     def bench(
-        model: TargetOpt,
-        draft_model: DraftModelOpt = None,
+        opts: Options,
         prompts: Annotated[Optional[Path], typer.Option("--prompts", help="A JSONL file of {\"class\", \"prompt\", \"chat\"?, \"n\"?} (default: the built-in set).", show_default=False)] = None,
-        runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).")] = 2,
+        runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).", min=1, max=100)] = 2,
         modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).")] = "model,ngram,hybrid",
         classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)] = None,
-        n_predict: NPredictOpt = 128,
-        ctx: CtxOpt = 4096,
-        draft_max: DraftMaxOpt = None,
-        draft_min: DraftMinOpt = 1,
-        draft_p_split: PSplitOpt = 0.6,
-        fixed: FixedOpt = False,
-        ngram_min: NgramMinOpt = 2,
-        ngram_max: NgramMaxOpt = 6,
-        tie_margin: TieMarginOpt = 0.5,
-        threads: ThreadsOpt = default_threads(),
-        gpu_layers: GpuLayersOpt = -1,
-        gpu_layers_draft: GpuLayersDraftOpt = None,
-        registry: RegistryOpt = None,
+        n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per prompt (a prompt's own \"n\" wins).", min=1)] = 128,
         json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
         markdown: Annotated[bool, typer.Option("--markdown", help="Print the results as Markdown tables.")] = False,
-        verbose: VerboseOpt = False,
     ) -> int:
         """Is speculation worth it for this pair on this machine? Runs plain decoding and each
         mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
         with spread, speedup over plain, acceptance, the measured cost model, the speedup it
         predicts next to the one measured, and a verdict."""
-        check_range("--runs", runs, 1, 100)
-        check_range("-n/--n-predict", n_predict, 1)
         if json_out and markdown:
             raise UsageError("--json and --markdown exclude each other", "pick one")
         wanted = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
         if not wanted:
-            raise UsageError(f"--draft takes a list of {', '.join(DRAFT_MODES)}, got {modes!r}", "e.g. --draft model,ngram")
+            raise UsageError("{draft} takes a list of modes, got nothing", "e.g. model,ngram", "draft")
         draft_of = {m: parse_mode(m)[0] for m in wanted}  # also checks every spec
         plist = load_prompts(prompts)
         if classes:
@@ -67,44 +48,36 @@ def register(app: typer.Typer) -> None:
             plist = [p for p in plist if p.cls in keep]
             if not plist:
                 raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
-        reg = load_registry(registry)
-        need_draft = "model" if any(d in ("model", "hybrid") for d in draft_of.values()) else "none"
-        target, dm = resolve_models(reg, model, draft_model, need_draft)
-        if dm is None:
-            wanted = [m for m in wanted if draft_of[m] not in ("model", "hybrid")] or ["ngram"]
-        settings = build_settings("none", draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
         from .. import backend
-        from ..session import PairConfig, load_costs, open_pair  # loads llama_cpp
 
-        cfg = PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose)
+        need = "model" if any(d in ("model", "hybrid") for d in draft_of.values()) else "none"
         err = stderr()
-        pair = open_pair(target.path, dm.path if dm else None, cfg)
+        pair = load_pair(opts, err, Settings(need))
+        target_label, draft_label = pair.labels
+        if pair.draft is None:
+            wanted = [m for m in wanted if draft_of[m] not in ("model", "hybrid")] or ["ngram"]
         try:
-            for n in pair.notices:
-                err.print(f"specrun: {n}", style="dim")
 
             def tokenize(p):
                 if p.chat:
-                    text, add = chat_prompt(pair, [{"role": "user", "content": p.prompt}], lambda m: err.print(f"specrun: warning: {m}"))
-                else:
-                    text, add = p.prompt, True
-                return pair.target.tokenize(text, add_special=add, parse_special=True)
+                    return chat_prompt(pair, [{"role": "user", "content": p.prompt}], lambda m: err.print(f"specrun: warning: {m}"))
+                return pair.target.tokenize(p.prompt, add_special=True, parse_special=True)
 
-            store = CostStore(cache_dir() / "costs.json")
+            store = cost_store()
             cost = load_costs(store, pair.cost_key)
 
             def progress(s):
                 err.print(f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%", style="dim")
 
-            result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), settings, tokenize, n_predict, runs, cost, progress)
+            result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress)
             store.save(pair.cost_key, cost)
         finally:
             pair.close()
         result.meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "target": target.label,
-            "draft": dm.label if dm else None,
-            "threads": threads,
+            "target": target_label,
+            "draft": draft_label,
+            "threads": opts.pair.threads,
             "n_predict": n_predict,
             "runs": runs,
             "llama_cpp": backend.version(),

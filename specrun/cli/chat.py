@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import typer
@@ -12,17 +14,12 @@ from rich.live import Live
 from rich.text import Text
 
 from ..chat import ChatSession
-from ..display import stats_table, status_line, summary_line
+from ..display import event_text, stats_table, status_line, summary_line
 from ..errors import SpecrunError
-from ..sampling import Sampler
-from ..text import Utf8Stream
-from .common import (
-    CtxOpt, DraftMaxOpt, DraftMinOpt, DraftModelOpt, DraftModeOpt, FixedOpt, GpuLayersDraftOpt,
-    GpuLayersOpt, MinPOpt, NgramMaxOpt, NgramMinOpt, TieMarginOpt, NPredictOpt, PSplitOpt, RegistryOpt, SeedOpt,
-    SignalStop, TargetOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VerboseOpt, check_range,
-    default_threads, load_registry, stderr, stdout,
-)
-from .generate import build_settings, model_template, prepare_engine, resolve_models
+from ..session import cost_store, model_template, open_engine
+from ..stream import Event
+from .common import CALIBRATING, SignalStop, load_pair, stderr, stdout
+from .options import ALL, Options, flag_name, shared
 
 HELP_TEXT = """commands:
   /stats          this session's numbers, with acceptance per draft position
@@ -39,52 +36,28 @@ class _Terminated(Exception):
 
 def register(app: typer.Typer) -> None:
     @app.command("chat")
+    @shared(ALL)
     def chat(
-        model: TargetOpt,
-        draft_model: DraftModelOpt = None,
+        opts: Options,
         system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
-        n_predict: NPredictOpt = 1024,
-        temp: TempOpt = 0.0,
-        seed: SeedOpt = None,
-        top_k: TopKOpt = 40,
-        top_p: TopPOpt = 0.95,
-        min_p: MinPOpt = 0.05,
-        ctx: CtxOpt = 4096,
-        draft: DraftModeOpt = "hybrid",
-        draft_max: DraftMaxOpt = None,
-        draft_min: DraftMinOpt = 1,
-        draft_p_split: PSplitOpt = 0.6,
-        fixed: FixedOpt = False,
-        ngram_min: NgramMinOpt = 2,
-        ngram_max: NgramMaxOpt = 6,
-        tie_margin: TieMarginOpt = 0.5,
-        threads: ThreadsOpt = default_threads(),
-        gpu_layers: GpuLayersOpt = -1,
-        gpu_layers_draft: GpuLayersDraftOpt = None,
-        registry: RegistryOpt = None,
-        verbose: VerboseOpt = False,
+        n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per reply.", min=1)] = 1024,
+        show_drafts: Annotated[
+            bool, typer.Option("--show-drafts/--no-show-drafts", help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).")
+        ] = True,
     ) -> int:
         """Chat with a model, speculatively. Replies stream with a live line showing tokens/s,
-        acceptance, mean accepted length, draft length and the draft/verify split. The KV
-        cache is kept between turns. Type /help for commands; Ctrl-C stops a reply, Ctrl-D or
-        /quit leaves (exit 0). SIGTERM exits 143."""
-        check_range("-n/--n-predict", n_predict, 1)
-        check_range("-c/--ctx", ctx, 16, 1 << 24)
-        check_range("-t/--threads", threads, 1, 1024)
-        sampler = Sampler(temp, top_k, top_p, min_p, seed)
-        reg = load_registry(registry)
-        target, dm = resolve_models(reg, model, draft_model, draft)
-        settings = build_settings(draft, draft_max, draft_min, draft_p_split, fixed, ngram_min, ngram_max, dm is not None, tie_margin)
+        acceptance, mean accepted length, draft length and the draft/verify split; tokens that
+        came from accepted drafts are shown in a subtle colour. The KV cache is kept between
+        turns. Type /help for commands; Ctrl-C stops a reply, Ctrl-D or /quit leaves (exit 0).
+        SIGTERM exits 143."""
         err = stderr()
-        from ..session import PairConfig, open_pair  # loads llama_cpp: only when chatting
-
-        pair = open_pair(target.path, dm.path if dm else None, PairConfig(ctx, gpu_layers, gpu_layers_draft, threads, verbose))
+        pair = load_pair(opts, err)
         try:
-            for n in pair.notices:
-                err.print(f"specrun: {n}", style="dim")
-            engine, store = prepare_engine(pair, settings, sampler, err)
+            settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
+            store = cost_store()
+            engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
             try:
-                return Repl(pair, engine, system, n_predict, err).run()
+                return Repl(pair, engine, system, n_predict, err, show_drafts and not os.environ.get("NO_COLOR")).run()
             finally:
                 store.save(pair.cost_key, engine.cost)
         finally:
@@ -92,8 +65,9 @@ def register(app: typer.Typer) -> None:
 
 
 class Repl:
-    def __init__(self, pair, engine, system, n_predict: int, err):
+    def __init__(self, pair, engine, system, n_predict: int, err, show_drafts: bool = False):
         self.pair = pair
+        self.show_drafts = show_drafts
         self.err = err
         self.out = stdout()
         self.tty = sys.stdout.isatty()
@@ -250,34 +224,33 @@ class Repl:
 
     def _stream(self, text: str, target):
         """Print the reply as it comes; returns the turn's stats (None if it never started)."""
-        stream = Utf8Stream()
         stats = None
         try:
-            gen = self.session.send(text, self.n_predict, self.sig.event)
+            events = self.session.send(text, self.n_predict, self.sig.event)
             if self.tty:
-                return self._live(gen, stream, target)
-            for step in gen:
-                stats = step.stats
-                sys.stdout.write(stream.feed(b"".join(target.piece(t) for t in step.tokens if not target.is_eog(t))))
+                return self._live(events)
+            for event in events:
+                stats = event.stats
+                sys.stdout.write(event.text)
                 sys.stdout.flush()
-            sys.stdout.write(stream.flush() + "\n")
+            sys.stdout.write("\n")
             sys.stdout.flush()
         except SpecrunError as e:
-            self.err.print(f"specrun: error: {e}", style="red")
+            self.err.print(f"specrun: error: {e.render(flag_name)}", style="red")
         return stats
 
-    def _live(self, gen, stream: Utf8Stream, target):
+    def _live(self, events: Iterator[Event]):
         """Completed lines print above a live region holding the current line and the status."""
         stats = None
-        line = ""
+        line = Text()
         with Live(console=self.out, refresh_per_second=8, transient=True) as live:
-            for step in gen:
-                stats = step.stats
-                line += stream.feed(b"".join(target.piece(t) for t in step.tokens if not target.is_eog(t)))
-                while "\n" in line:
-                    done, line = line.split("\n", 1)
-                    live.console.print(Text(done), soft_wrap=True)
-                live.update(Group(Text(line), status_line(stats)))
-        line += stream.flush()
-        self.out.print(Text(line), soft_wrap=True)
+            for event in events:
+                stats = event.stats
+                line.append_text(event_text(event, self.show_drafts))
+                while "\n" in line.plain:
+                    cut = line.plain.index("\n")
+                    done, line = line[:cut], line[cut + 1 :]
+                    live.console.print(done, soft_wrap=True)
+                live.update(Group(line, status_line(stats)))
+        self.out.print(line, soft_wrap=True)
         return stats

@@ -9,20 +9,17 @@ import typer
 from ..display import pair_table
 from ..errors import EXIT_FAIL
 from ..pair import check_pair
-from .common import (
-    CtxOpt, GpuLayersDraftOpt, GpuLayersOpt, JsonOpt, RegistryOpt, check_range, load_registry,
-    print_json, require_file, stdout,
-)
+from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
+from .options import PLACEMENT, Options, shared
 
 
 def register(app: typer.Typer) -> None:
     @app.command("check-pair")
+    @shared(PLACEMENT)
     def check_pair_cmd(
+        opts: Options,
         model: Annotated[str, typer.Option("-m", "--model", help="Target: a registry name, alias or .gguf path.")],
         draft: Annotated[str, typer.Option("-d", "--draft-model", help="Draft: a registry name, alias or .gguf path.")],
-        ctx: CtxOpt = 4096,
-        gpu_layers: GpuLayersOpt = -1,
-        gpu_layers_draft: GpuLayersDraftOpt = None,
         registry: RegistryOpt = None,
         json_out: JsonOpt = False,
     ) -> int:
@@ -33,15 +30,12 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 compatible and fits; 1 incompatible or does not fit; 2 usage error;
         3 an input cannot be read.
         """
-        check_range("-c/--ctx", ctx, 1, 1 << 24)
-        check_range("--gpu-layers", gpu_layers, -1)
-        if gpu_layers_draft is not None:
-            check_range("--gpu-layers-draft", gpu_layers_draft, -1)
         reg = load_registry(registry)
         t = require_file(reg.resolve(model))
         d = require_file(reg.resolve(draft))
         candidates = {e.name: e.path for e in reg.entries.values()}
-        report = check_pair(t.path, d.path, ctx, gpu_layers, gpu_layers_draft, candidates)
+        cfg = opts.pair
+        report = check_pair(t.path, d.path, cfg.n_ctx, cfg.gpu_layers, cfg.gpu_layers_draft, candidates)
         if json_out:
             print_json(report.to_json())
         else:

@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from ..errors import EXIT_FAIL, EXIT_SIGINT, EXIT_USAGE, SpecrunError
+from .common import silence_stdout
+from .options import flag_name
 
 HELP = """Speculative decoding for local GGUF models: check a target/draft pair before
 loading, then run it faster, with live numbers on how much speculation helps.
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecrunError as e:
         if debug():
             raise
-        return fail(str(e), e.exit_code)
+        return fail(e.render(flag_name), e.exit_code)
     except typer.Exit as e:
         return e.exit_code
     except _cx.ClickException as e:  # usage errors from the option parser
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_SIGINT)
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
         return 0
     except Exception as e:
         if debug():
@@ -97,19 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"internal error: {type(e).__name__}: {e} (run with SPECRUN_DEBUG=1 for a traceback)", EXIT_FAIL)
 
 
-def _silence_stdout() -> None:
-    """After a closed pipe, point stdout at /dev/null so Python's exit flush stays quiet."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-
-
 def run() -> None:
     code = main()
     try:
         sys.stdout.flush()
     except (BrokenPipeError, OSError):
-        _silence_stdout()
+        silence_stdout()
     sys.exit(code)

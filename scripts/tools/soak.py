@@ -1,6 +1,6 @@
 """Soak: many chat turns in one process; RSS growth after warm-up and llama_batch leaks.
 
-    python tests/soak.py [--tiny-turns 300] [--demo-turns 30] [--json]
+    python scripts/tools/soak.py [--tiny-turns 300] [--demo-turns 30] [--json]
 
 Tiny models are generated into a temporary folder; the demo pair is read from
 ${SPECRUN_MODELS_DIR:-~/.cache/specrun/models} (skipped with a note if missing).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tiny_models
 
 from specrun import backend  # noqa: E402
 from specrun.chat import ChatSession  # noqa: E402
@@ -28,6 +28,7 @@ from specrun.control import CostModel  # noqa: E402
 from specrun.engine import Engine, Settings  # noqa: E402
 from specrun.sampling import Sampler  # noqa: E402
 from specrun.session import PairConfig, open_pair  # noqa: E402
+from specrun.stream import stream_generate  # noqa: E402
 from specrun.template import ChatTemplate  # noqa: E402
 
 MESSAGES = [
@@ -62,13 +63,13 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
         if i % 4 == 3:  # a stand-alone generation through another engine, as `generate` does
             e = engines[modes[i % len(modes)]]
             toks = pair.target.tokenize(MESSAGES[i % len(MESSAGES)])
-            for step in e.generate(toks, n_predict):
-                generated += len(step.tokens)
+            for event in stream_generate(e, toks, n_predict):
+                generated += len(event.tokens)
             continue
         if len(chat.engine.target.tokens) > ctx - 4 * n_predict - 200:
             chat.reset()
-        for step in chat.send(MESSAGES[i % len(MESSAGES)], n_predict):
-            generated += len(step.tokens)
+        for event in chat.send(MESSAGES[i % len(MESSAGES)], n_predict):
+            generated += len(event.tokens)
         if i % 25 == 0:
             samples.append(round(rss_mb(), 1))
     gc.collect()

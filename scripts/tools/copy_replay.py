@@ -1,6 +1,6 @@
 """Replay plain outputs through the n-gram drafter and the controller, offline.
 
-    python tests/copy_replay.py [TARGET.gguf] [-t 2] [--curve costs.json-key]
+    python scripts/tools/copy_replay.py [TARGET.gguf] [-t 2] [--curve costs.json-key]
 
 Decodes every bench prompt plainly once (greedy, the bench's -n per prompt), then, with the
 verify-cost curve stored for this machine (run `specrun bench` first), computes per class:
@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 
 from specrun.bench import load_prompts
-from specrun.cli.generate import chat_prompt
 from specrun.control import Controller, CostModel
 from specrun.drafters import NgramDrafter, common_prefix
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
-from specrun.session import PairConfig, open_pair
+from specrun.session import PairConfig, chat_prompt, open_pair
+from specrun.stream import stream_generate
 
 MODELS = Path.home() / ".cache/specrun/models"
 DEMO_TARGET = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -40,11 +40,13 @@ def plain_outputs(target: Path, threads: int, n_default: int) -> list[tuple[str,
     out = []
     try:
         for p in load_prompts():
-            text, add = chat_prompt(pair, [{"role": "user", "content": p.prompt}], lambda _: None) if p.chat else (p.prompt, True)
-            prompt = pair.target.tokenize(text, add_special=add)
+            if p.chat:
+                prompt = chat_prompt(pair, [{"role": "user", "content": p.prompt}])
+            else:
+                prompt = pair.target.tokenize(p.prompt, add_special=True)
             e = Engine(pair.target, None, Settings(draft="none"), Sampler(0.0), CostModel())
             e.reset()  # every prompt from an empty cache, as in the bench
-            gen = [t for step in e.generate(prompt, p.n_predict or n_default) for t in step.tokens]
+            gen = [t for event in stream_generate(e, prompt, p.n_predict or n_default) for t in event.tokens]
             out.append((p.cls, prompt, gen))
     finally:
         pair.close()

@@ -1,6 +1,6 @@
 """Python time per generated token outside llama_decode and NumPy.
 
-    python tests/profile_overhead.py [TARGET.gguf DRAFT.gguf] [-n 128] [-t 2]
+    python scripts/tools/profile_overhead.py [TARGET.gguf DRAFT.gguf] [-n 128] [-t 2]
 
 For `--draft model --fixed --draft-max 4` and `--draft hybrid` (greedy): run once plainly
 and time everything outside llama_decode (the backend times each llama_decode call); run
@@ -23,6 +23,7 @@ from specrun.backend import LoadOptions, Model
 from specrun.control import CostModel
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
+from specrun.stream import stream_generate
 
 PROMPT = (
     "<|im_start|>user\nWrite a Python function that merges two sorted lists into one sorted list, "
@@ -41,8 +42,8 @@ def run(t: Model, d: Model, settings: Settings, n: int, profile: bool):
     t0 = time.perf_counter()
     if prof:
         prof.enable()
-    for step in e.generate(toks, n):
-        got += len(step.tokens)
+    for event in stream_generate(e, toks, n):
+        got += len(event.tokens)
     if prof:
         prof.disable()
     wall = time.perf_counter() - t0

@@ -1,0 +1,166 @@
+"""The flags shared by the commands that load models, declared once.
+
+Each flag sets one field of a core value (``PairConfig``, ``Settings``, ``Sampler``) and takes
+its default from there, so a new flag is one line here plus the field in the core. The
+``@shared(...)`` decorator adds a group of flags to a command; the command receives them as one
+``Options`` value, already validated by the core values' own checks. ``flag_name`` turns a
+setting the core names in an error (``draft_max``) into the flag the user typed
+(``--draft-max``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ..engine import Settings
+from ..sampling import Sampler
+from ..session import PairConfig
+
+
+@dataclass(frozen=True)
+class Flag:
+    field: str  # the setting it sets; also the command's parameter name
+    decls: tuple[str, ...]
+    help: str
+    type: Any
+    default: Any
+
+    @property
+    def name(self) -> str:
+        """How messages write it: ``-c/--ctx`` when it has a one-letter form, else the long one."""
+        long = next(d for d in self.decls if d.startswith("--"))
+        short = next((d for d in self.decls if len(d) == 2), None)
+        return f"{short}/{long}" if short else long
+
+
+def _default(cls: type, name: str) -> Any:
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _flag(cls: type | None, field: str, decls: tuple[str, ...], help: str, type_: Any, default: Any = None) -> Flag:
+    return Flag(field, decls, help, type_, _default(cls, field) if cls is not None else default)
+
+
+# --- the groups ----------------------------------------------------------------------------------
+
+MODELS = (
+    _flag(None, "model", ("-m", "--model"), "Target: a registry name, alias or .gguf path.", str, ...),
+    _flag(None, "draft_model", ("-d", "--draft-model"), "Draft model (default: the target's registry draft).", Optional[str]),
+    _flag(None, "registry", ("--registry",), "A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).", Optional[Path]),
+)
+PLACEMENT = (
+    _flag(PairConfig, "n_ctx", ("-c", "--ctx"), "Context length in tokens.", int),
+    _flag(PairConfig, "gpu_layers", ("--gpu-layers", "-ngl"), "Target layers on the GPU; -1 means all.", int),
+    _flag(PairConfig, "gpu_layers_draft", ("--gpu-layers-draft", "-ngld"), "Draft layers on the GPU; -1 means all (default: as --gpu-layers).", Optional[int]),
+)
+RUNTIME = (
+    _flag(PairConfig, "threads", ("-t", "--threads"), "CPU threads for both models (n_threads and n_threads_batch).", int),
+    _flag(PairConfig, "verbose", ("--verbose",), "Show llama.cpp's own log on stderr.", bool),
+)
+DRAFTING = (
+    _flag(Settings, "draft", ("--draft",), "Drafter: model, ngram, hybrid (n-gram when it has a guess, else the model) or none (plain decoding).", str),
+    _flag(Settings, "draft_max", ("--draft-max",), "Most draft tokens per round (default: 32 adaptive, where the controller picks K up to it; 8 with --fixed).", Optional[int]),
+    _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),
+    _flag(Settings, "p_split", ("--draft-p-split",), "The model drafter stops when its top-token probability falls below this (adaptive mode tunes it).", float),
+    _flag(Settings, "fixed", ("--fixed",), "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-split; use 0 to always draft all).", bool),
+    _flag(Settings, "ngram_min", ("--ngram-min",), "Shortest suffix the n-gram drafter matches.", int),
+    _flag(Settings, "ngram_max", ("--ngram-max",), "Longest suffix the n-gram drafter matches.", int),
+    _flag(
+        Settings,
+        "tie_margin",
+        ("--tie-margin",),
+        "Greedy only: a position whose top two logits are closer than this is decided by a one-token decode, as plain decoding would "
+        "(llama.cpp's batched and one-token kernels differ by up to ~0.5 logit). 0 turns it off.",
+        float,
+    ),
+)
+SAMPLING = (
+    _flag(Sampler, "temperature", ("--temp",), "Temperature; 0 is greedy (exactly the target's argmax).", float),
+    _flag(Sampler, "seed", ("--seed",), "Random seed for sampling (makes runs reproducible).", Optional[int]),
+    _flag(Sampler, "top_k", ("--top-k",), "Top-k filter (0 disables).", int),
+    _flag(Sampler, "top_p", ("--top-p",), "Top-p (nucleus) filter (1 disables).", float),
+    _flag(Sampler, "min_p", ("--min-p",), "Min-p filter (0 disables).", float),
+)
+LOADING = MODELS + PLACEMENT + RUNTIME + DRAFTING  # what every model-loading command takes
+ALL = LOADING + SAMPLING
+
+# settings named by the core that are not shared flags, as the commands spell them
+_OTHER_NAMES = {
+    "prompt": "-p/--prompt",
+    "max_tokens": "-n/--n-predict",
+    "runs": "--runs",
+    "prompts": "--prompts",
+}
+_NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
+
+
+def flag_name(setting: str) -> str:
+    """The flag that sets ``setting`` (the setting itself if no flag does)."""
+    return _NAMES.get(setting, setting)
+
+
+# --- the values a command receives ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """The shared flags a command was given, as the core's values (validated on creation)."""
+
+    values: dict[str, Any]
+    pair: PairConfig
+    settings: Settings
+    sampler: Sampler
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @classmethod
+    def build(cls, values: dict[str, Any]) -> Options:
+        def pick(flags: tuple[Flag, ...]) -> dict[str, Any]:
+            return {f.field: values[f.field] for f in flags if f.field in values}
+
+        pair = PairConfig(**pick(PLACEMENT + RUNTIME))
+        settings = Settings(**pick(DRAFTING))
+        sampler = Sampler(**pick(SAMPLING))
+        return cls(dict(values), pair, settings, sampler)
+
+
+def shared(*groups: tuple[Flag, ...], exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the flags of ``groups`` to a command, which then takes ``opts: Options`` instead."""
+    flags = [f for g in groups for f in g if f.field not in exclude]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "opts"]
+        added = [
+            inspect.Parameter(
+                f.field,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=f.default,
+                annotation=Annotated[f.type, typer.Option(*f.decls, help=f.help, show_default=f.default not in (None, ...))],
+            )
+            for f in flags
+        ]
+
+        def command(**kwargs: Any) -> Any:
+            values = {f.field: kwargs.pop(f.field) for f in flags}
+            return fn(opts=Options.build(values), **kwargs)
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__name__, command.__doc__, command.__module__ = fn.__name__, fn.__doc__, fn.__module__
+        return command
+
+    return decorate
