@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .memory import Fit
 from .modelinfo import ModelInfo
 from .pair import PairReport
+from .placement import describe
 from .stats import RunStats
 from .stream import Event
 
@@ -36,7 +40,8 @@ def _mark(ok: bool) -> Text:
     return Text("ok", style="green") if ok else Text("FAIL", style="bold red")
 
 
-def pair_table(r: PairReport) -> Group:
+def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Group:
+    """The check-pair report; ``name_of`` writes a setting as its flag (in proposals)."""
     vocab = Table(title="Vocabulary", title_justify="left", expand=False)
     vocab.add_column("check")
     vocab.add_column("target")
@@ -48,18 +53,21 @@ def pair_table(r: PairReport) -> Group:
         vocab.add_row(c.name, str(c.target), str(c.draft), mark, c.detail)
 
     mem = Table(title=f"Memory at -c {r.n_ctx}", title_justify="left")
-    for col in ("model", "weights", "KV cache", "compute", "total", "on GPU", "in RAM"):
+    for col in ("model", "weights", "KV cache", "compute", "total", "on devices", "in RAM"):
         mem.add_column(col, justify="right" if col != "model" else "left")
     for m in r.fit.models:
         mem.add_row(
             m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute),
-            human_bytes(m.total), human_bytes(m.on_gpu), human_bytes(m.on_host),
+            human_bytes(m.total), human_bytes(m.on_devices), human_bytes(m.on_host),
         )
-    pools = Table(title="Against free memory", title_justify="left")
-    for col in ("pool", "free", "needed", "headroom", ""):
-        pools.add_column(col, justify="right" if col not in ("pool", "") else "left")
-    for p in r.fit.pools:
-        pools.add_row(p.name, human_bytes(p.free), human_bytes(p.need), human_bytes(p.headroom), _mark(p.fits))
+    parts = [
+        Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
+        vocab, mem,
+    ]
+    if r.placement is not None:
+        parts.append(Text(f"Placement: {describe(r.placement)}"))
+        parts += [Text(f"warning: {n}", style="yellow") for n in r.placement.notes]
+    parts += [device_table(r.fit), Text(r.fit.note, style="dim")]
 
     verdict = Text()
     if r.ok:
@@ -71,15 +79,82 @@ def pair_table(r: PairReport) -> Group:
         if not r.compat.compatible:
             reasons.append(f"incompatible vocabularies ({r.compat.reason()})")
         if not r.fit.fits:
-            reasons.append("does not fit in memory (lower -c, --gpu-layers or pick a smaller quant)")
+            reasons.append(f"does not fit ({r.fit.short()})")
         verdict.append("; ".join(reasons) + ".")
-    parts = [
-        Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
-        vocab, mem, pools, Text(r.fit.note, style="dim"), verdict,
-    ]
+        if not r.fit.fits:
+            if r.fit.proposals:
+                for p in r.fit.proposals:
+                    verdict.append("\nThis would fit: ", style="bold")
+                    verdict.append(" ".join(f"{name_of(k)} {v}" for k, v in p.settings.items()), style="bold cyan")
+                    verdict.append(f"  ({p.why})")
+            else:
+                verdict.append("\nNo setting of layers, split or context fits: pick a smaller quant or smaller models.")
+    parts.append(verdict)
     if r.suggestions:
         parts.append(Text(f"drafts in your registry that match the target: {', '.join(r.suggestions)}"))
     return Group(*parts)
+
+
+_KIND = {"gpu": "GPU", "rpc": "RPC", "cpu": "RAM"}
+
+
+def device_table(fit: Fit) -> Table:
+    """Each device's share of the pair against its free memory."""
+    t = Table(title="Per device, against free memory", title_justify="left")
+    for col in ("device", "kind", "where", "free", "target", "draft", "headroom", ""):
+        t.add_column(col, justify="right" if col in ("free", "target", "draft", "headroom") else "left")
+    for s in fit.shares:
+        d = s.device
+        t.add_row(
+            d.name, _KIND.get(d.kind, d.kind), d.description, human_bytes(d.free),
+            human_bytes(s.target) if s.target else "-", human_bytes(s.draft) if s.draft else "-",
+            human_bytes(s.headroom), _mark(s.fits),
+        )
+    return t
+
+
+def network_rows(net: dict) -> list[tuple[str, str, str, str, str]]:
+    """A network report (``network.NetworkReport.to_json()``) as rows: batch, through the
+    workers, on this machine alone, the network's share, bytes sent / received per verify."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} ms"
+
+    return [
+        (
+            str(r["batch"]), ms(r["split_ms"]), ms(r["local_ms"]),
+            "-" if r["network_share"] is None else f"{100 * r['network_share']:.0f}%",
+            "-" if r["bytes_sent"] is None else f"{human_bytes(r['bytes_sent'])} / {human_bytes(r['bytes_received'])}",
+        )
+        for r in net["verify"]
+    ]  # fmt: skip
+
+
+NETWORK_COLUMNS = ("verify batch", "through the workers", "on this machine alone", "network share", "sent / received")
+
+
+def network_title(net: dict) -> str:
+    rtt = f", round trip {net['rtt_ms']:.2f} ms" if net.get("rtt_ms") is not None else ""
+    return f"Network share of a verify (RPC workers {', '.join(net['workers'])}{rtt})"
+
+
+def network_table(net: dict) -> Group:
+    t = Table(title=network_title(net), title_justify="left")
+    for col in NETWORK_COLUMNS:
+        t.add_column(col, justify="right")
+    for row in network_rows(net):
+        t.add_row(*row)
+    return Group(t, Text(net["note"], style="dim"))
+
+
+def devices_table(rows: list[dict]) -> Table:
+    """`specrun devices`: what llama.cpp sees (rows: name, backend, kind, description, free, total)."""
+    t = Table(title="Devices llama.cpp sees", title_justify="left")
+    for col in ("device", "backend", "kind", "description", "free", "total"):
+        t.add_column(col, justify="right" if col in ("free", "total") else "left")
+    for r in rows:
+        t.add_row(r["name"], r["backend"], r["kind"], r["description"], human_bytes(r["free"]), human_bytes(r["total"]))
+    return t
 
 
 def inspect_table(m: ModelInfo) -> Table:

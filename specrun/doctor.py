@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from . import backend
+from . import backend, rpc
+from .errors import SpecrunError
 from .memory import GpuQuery, query_gpus
 
 CUDA_FIX = 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir llama-cpp-python'
@@ -37,7 +38,36 @@ def is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
-def diagnose(gpu_query: GpuQuery | None = None) -> Report:
+def _version(v: tuple[int, int, int]) -> str:
+    return ".".join(map(str, v))
+
+
+def check_rpc(r: Report, endpoints: tuple[str, ...]) -> None:
+    """RPC support in this build, and each worker: answers? which protocol? free memory?"""
+    if not backend.supports_rpc():
+        r.facts.append(("rpc", "no (llama_cpp was built without the RPC backend)"))
+        r.problems.append("llama_cpp has no RPC backend, so --rpc and `specrun worker` cannot work; fix: bash scripts/install.sh (it builds with -DGGML_RPC=on)")
+        return
+    built = backend.rpc_protocol_built()
+    r.facts.append(("rpc", f"yes, protocol {_version(built or rpc.PROTOCOL)}: --rpc HOST:PORT uses workers, `specrun worker` serves this machine"))
+    if built is not None and built != rpc.PROTOCOL:
+        r.problems.append(
+            f"llama_cpp speaks RPC protocol {_version(built)} but this specrun speaks {_version(rpc.PROTOCOL)}; fix: install the "
+            "llama-cpp-python version this specrun pins (scripts/install.sh)"
+        )
+    for ep in endpoints:
+        try:
+            version = rpc.handshake(ep)
+            devs = [d for d in backend.add_workers((ep,))]
+        except SpecrunError as e:
+            r.facts.append((f"worker {ep}", "not usable"))
+            r.problems.append(f"{e.message}; fix: {e.fix}" if e.fix else e.message)
+            continue
+        mem = "; ".join(f"{d.name}: {d.free / 2**30:.1f} GiB free of {d.total / 2**30:.1f} GiB" for d in devs)
+        r.facts.append((f"worker {ep}", f"answers, protocol {_version(version)}; {mem}"))
+
+
+def diagnose(gpu_query: GpuQuery | None = None, rpc_endpoints: tuple[str, ...] = ()) -> Report:
     r = Report()
     wsl, apple = is_wsl(), is_apple_silicon()
     plat = f"{platform.system()} {platform.release()} {platform.machine()}"
@@ -49,6 +79,7 @@ def diagnose(gpu_query: GpuQuery | None = None) -> Report:
     r.facts.append(("python", platform.python_version()))
     offload = backend.supports_gpu_offload()
     r.facts.append(("llama_cpp", f"{backend.version()}, GPU offload: {'yes' if offload else 'no'}"))
+    check_rpc(r, rpc_endpoints)
     gq = gpu_query if gpu_query is not None else query_gpus()
     if gq.gpus:
         r.facts.append(("nvidia driver", str(gq.driver)))

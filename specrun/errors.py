@@ -7,7 +7,7 @@ Exit codes (documented in the README and in ``specrun --help``):
   prompt longer than the context)
 * 2 - usage error (a bad flag or value)
 * 3 - an input cannot be read (missing file, not GGUF, corrupt GGUF, unknown model,
-  invalid registry)
+  invalid registry, an RPC worker that cannot be reached or is lost mid-run)
 * 130 / 143 - interrupted by SIGINT / SIGTERM
 
 The CLI turns these into a one-line message at exactly one place (``specrun.cli.main``).
@@ -93,6 +93,16 @@ class DoesNotFit(SpecrunError):
 
 class PromptTooLong(SpecrunError):
     """The prompt does not fit in the context."""
+
+    exit_code = EXIT_FAIL
+
+
+class WorkerUnreachable(InputError):
+    """An RPC worker does not answer, or stopped answering."""
+
+
+class WorkerMismatch(SpecrunError):
+    """An RPC worker speaks another version of llama.cpp's RPC protocol."""
 
     exit_code = EXIT_FAIL
 

@@ -1,23 +1,32 @@
-"""Will the pair fit? Estimates from GGUF headers, compared with free GPU or system memory.
+"""Will the pair fit? Estimates from GGUF headers, laid out per device as llama.cpp lays them out.
 
-Per model:
+Per model, and per device it touches:
 
-* weights: the sum of its tensor sizes (exact; offloaded in proportion to ``gpu_layers``);
-* KV cache: ``n_ctx x sum over layers of n_head_kv x (head_dim_k + head_dim_v) x bytes(type)``,
-  the same formula llama.cpp uses to size its cache;
-* compute allowance: llama.cpp's scratch buffers for one micro-batch, approximated by
-  ``4 bytes x n_ubatch x (n_vocab + n_head x n_ctx + 4 n_embd + n_ff)`` (logits, attention
-  scores without flash attention, activations), plus a fixed 64 MiB for the runtime.
+* weights: each tensor's exact size, on the device of its layer. llama.cpp keeps the input layer
+  (token embeddings) on the CPU, offloads the *last* ``gpu_layers`` of the ``n_layer + 1`` layers
+  (the output layer counts), and cuts them among its devices at the cumulative tensor split:
+  :func:`layer_devices` does the same arithmetic, in float32 as llama.cpp does;
+* KV cache: ``n_ctx x n_head_kv x (head_dim_k + head_dim_v) x bytes(type)`` per layer, on the
+  layer's device (the formula llama.cpp sizes its cache with);
+* compute buffers: ``4 bytes x n_ubatch x (n_head x n_ctx + 4 n_embd + n_ff)`` for the
+  activations and attention scores of one layer on every device that holds a layer, plus
+  ``4 x n_ubatch x n_vocab`` for the logits on the output layer's device, and 64 MiB of runtime
+  on each device and on the host.
 
-GPU memory comes from NVML through :func:`query_gpus`, the one function that touches the
-driver; with no NVIDIA GPU or driver, the check is against available system RAM (psutil),
-which is also the right check on Apple Silicon, where GPU and CPU share memory.
+Free memory: local NVIDIA GPUs from NVML through :func:`query_gpus`, the one function that
+touches the driver (named ``CUDA0``, ``CUDA1``... as llama.cpp names them); RPC workers' devices
+as their workers report them; the host's available RAM (psutil), which is also the right check
+on Apple Silicon, where GPU and CPU share memory. A device fits when its need stays within 95%
+of its free memory.
 """
 
 from __future__ import annotations
 
+import os
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import psutil
 
 from .modelinfo import ModelInfo
@@ -73,114 +82,207 @@ def query_gpus() -> GpuQuery:
             pass
 
 
+@dataclass(frozen=True)
+class Dev:
+    """A place memory is checked against: a local GPU, a device on an RPC worker, or this
+    machine's RAM (name ``CPU``)."""
+
+    name: str  # as llama.cpp names it: CUDA0, Metal, RPC0, CPU
+    kind: str  # "gpu" (local), "rpc" (on a worker) or "cpu" (this machine's RAM)
+    free: int
+    total: int
+    description: str = ""  # the GPU's model, or the worker's HOST:PORT
+
+
+HOST = "CPU"
+
+
+def host_device(available_ram: int | None = None) -> Dev:
+    vm = psutil.virtual_memory()
+    return Dev(HOST, "cpu", vm.available if available_ram is None else available_ram, vm.total, "system RAM")
+
+
+def visible_gpus(gq: GpuQuery) -> list[Gpu]:
+    """The NVML GPUs CUDA shows this process, in CUDA's numbering: CUDA_VISIBLE_DEVICES may
+    hide some and renumber the rest (indices only; UUIDs keep NVML's order)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is None or not all(p.strip().isdigit() for p in vis.split(",") if p.strip()):
+        return list(gq.gpus)
+    by_index = {g.index: g for g in gq.gpus}
+    return [by_index[int(p)] for p in vis.split(",") if p.strip() and int(p) in by_index]
+
+
+def local_devices(gq: GpuQuery | None = None, available_ram: int | None = None) -> tuple[list[Dev], str]:
+    """This machine's GPUs (NVML) and RAM, and a note on where the numbers come from."""
+    gq = gq if gq is not None else query_gpus()
+    gpus = visible_gpus(gq)
+    devs = [Dev(f"CUDA{i}", "gpu", g.free, g.total, g.name) for i, g in enumerate(gpus)]
+    if gpus:
+        note = f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) > 1 else ''}, driver {gq.driver}"
+    else:
+        note = f"no NVIDIA GPU found ({gq.problem}); system RAM is also what Apple Silicon's unified memory and CPU runs use"
+    return devs + [host_device(available_ram)], note
+
+
 @dataclass
 class ModelMemory:
     role: str
     weights: int
     kv_cache: int
     compute: int
-    gpu_fraction: float  # share of layers offloaded
+    by_device: dict[str, int]  # bytes on each device; "CPU" is this machine's RAM
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute
-
-    @property
-    def on_gpu(self) -> int:
-        return int((self.weights + self.kv_cache) * self.gpu_fraction) + (
-            self.compute if self.gpu_fraction > 0 else 0
-        )
+        return sum(self.by_device.values())
 
     @property
     def on_host(self) -> int:
-        return self.total - self.on_gpu
+        return self.by_device.get(HOST, 0)
+
+    @property
+    def on_devices(self) -> int:
+        return self.total - self.on_host
 
 
 def compute_allowance(m: ModelInfo, n_ctx: int) -> int:
-    per_row = m.n_vocab + m.n_head * n_ctx + 4 * m.n_embd + m.n_ff
-    return 4 * min(N_UBATCH, n_ctx) * per_row + RUNTIME_OVERHEAD
+    return _activations(m, n_ctx) + _logits(m, n_ctx) + RUNTIME_OVERHEAD
 
 
-def gpu_fraction(m: ModelInfo, gpu_layers: int) -> float:
-    """llama.cpp offloads n of n_layer+1 'layers' (the +1 is the output layer)."""
-    total = m.n_layer + 1
-    n = total if gpu_layers < 0 else min(gpu_layers, total)
-    return n / total if total else 0.0
+def _activations(m: ModelInfo, n_ctx: int) -> int:
+    return 4 * min(N_UBATCH, n_ctx) * (m.n_head * n_ctx + 4 * m.n_embd + m.n_ff)
 
 
-def estimate(m: ModelInfo, role: str, n_ctx: int, gpu_layers: int, cache_type: str = "f16") -> ModelMemory:
-    return ModelMemory(
-        role=role,
-        weights=m.weights_bytes,
-        kv_cache=m.kv_bytes(n_ctx, cache_type),
-        compute=compute_allowance(m, n_ctx),
-        gpu_fraction=gpu_fraction(m, gpu_layers),
-    )
+def _logits(m: ModelInfo, n_ctx: int) -> int:
+    return 4 * min(N_UBATCH, n_ctx) * m.n_vocab
+
+
+def device_overhead(m: ModelInfo, n_ctx: int) -> int:
+    """What holding any layer of ``m`` costs a device before the layer itself: its compute
+    buffer and runtime."""
+    return _activations(m, n_ctx) + RUNTIME_OVERHEAD
+
+
+def largest_layer(m: ModelInfo, n_ctx: int, cache_type: str = "f16") -> int:
+    lw = m.layer_weights()
+    kv = m.kv_bytes_per_layer(n_ctx, cache_type)
+    return max([b + k for b, k in zip(lw.blocks, kv)] + [lw.output + lw.tied_head])
+
+
+def layer_devices(n_layer: int, gpu_layers: int, devices: tuple[str, ...], split: tuple[float, ...]) -> list[str]:
+    """The device of each of the ``n_layer + 1`` layers (the last is the output layer), as
+    llama.cpp's ``load_tensors`` assigns them: the last ``gpu_layers`` layers are offloaded and
+    cut at the cumulative, normalised ``split`` (float32 arithmetic, ``upper_bound``)."""
+    total = n_layer + 1
+    if not devices:
+        return [HOST] * total
+    ngl = total if gpu_layers < 0 else min(gpu_layers, total)
+    start = max(total - ngl, 0)
+    weights = np.asarray(split if split else [1.0] * len(devices), dtype=np.float32)
+    cum = np.cumsum(weights, dtype=np.float32)
+    cum = (cum / cum[-1]).astype(np.float32)
+    out = []
+    for il in range(total):
+        if il < start:
+            out.append(HOST)
+            continue
+        x = np.float32(il - start) / np.float32(ngl)
+        k = int(np.searchsorted(cum, x, side="right"))  # std::upper_bound
+        out.append(devices[min(k, len(devices) - 1)])
+    return out
+
+
+def estimate(
+    m: ModelInfo,
+    role: str,
+    n_ctx: int,
+    gpu_layers: int,
+    devices: tuple[str, ...] = (),
+    split: tuple[float, ...] = (),
+    cache_type: str = "f16",
+) -> ModelMemory:
+    """Where one model's memory goes with its layers on ``devices`` (none: all in RAM)."""
+    lw = m.layer_weights()
+    kv = m.kv_bytes_per_layer(n_ctx, cache_type)
+    where = layer_devices(m.n_layer, gpu_layers, devices, split)
+    by: dict[str, int] = defaultdict(int)
+    by[HOST] += lw.input + RUNTIME_OVERHEAD
+    for il in range(m.n_layer):
+        by[where[il]] += lw.blocks[il] + kv[il]
+    out_dev = where[-1]
+    tied = lw.tied_head if out_dev != HOST else 0
+    by[out_dev] += lw.output + tied
+    act, logits = _activations(m, n_ctx), _logits(m, n_ctx)
+    used = set(where)
+    for dev in used:
+        by[dev] += act + (RUNTIME_OVERHEAD if dev != HOST else 0)
+    by[out_dev] += logits
+    compute = act * len(used) + logits + RUNTIME_OVERHEAD * len(used | {HOST})
+    return ModelMemory(role, m.weights_bytes + tied, sum(kv), compute, dict(by))
 
 
 @dataclass
-class Pool:
-    """One pool of memory the models are checked against: a GPU set or system RAM."""
+class Share:
+    """One device's load: what each model puts there, against its free memory."""
 
-    name: str
-    free: int
-    need: int
+    device: Dev
+    target: int = 0
+    draft: int = 0
+
+    @property
+    def need(self) -> int:
+        return self.target + self.draft
 
     @property
     def headroom(self) -> int:
-        return self.free - self.need
+        return self.device.free - self.need
 
     @property
     def fits(self) -> bool:
-        return self.need <= self.free * (1 - HEADROOM_FRACTION)
+        return self.need <= self.device.free * (1 - HEADROOM_FRACTION)
+
+    def to_json(self) -> dict:
+        d = asdict(self.device)
+        return {**d, "target": self.target, "draft": self.draft, "need": self.need, "headroom": self.headroom, "fits": self.fits}
 
 
 @dataclass
 class Fit:
     models: list[ModelMemory]
-    pools: list[Pool]
-    gpus: list[Gpu]
-    device: str  # "cuda" or "cpu"
+    shares: list[Share]  # every device known, then this machine's RAM
     note: str
-    per_gpu_need: list[int] = field(default_factory=list)
+    proposals: list = field(default_factory=list)  # placement.Proposal, when it does not fit
 
     @property
     def fits(self) -> bool:
-        return all(p.fits for p in self.pools)
+        return all(s.fits for s in self.shares)
+
+    def short(self) -> str:
+        """The devices that overflow, in words."""
+        return ", ".join(
+            f"{s.device.name} needs {s.need / 2**30:.1f} GiB of {s.device.free / 2**30:.1f} GiB free" for s in self.shares if not s.fits
+        )
 
     def to_json(self) -> dict:
         return {
             "fits": self.fits,
-            "device": self.device,
             "note": self.note,
-            "models": [
-                {**asdict(mm), "total": mm.total, "on_gpu": mm.on_gpu, "on_host": mm.on_host}
-                for mm in self.models
-            ],
-            "pools": [{**asdict(p), "headroom": p.headroom, "fits": p.fits} for p in self.pools],
-            "gpus": [{**asdict(g), "need": n} for g, n in zip(self.gpus, self.per_gpu_need)],
+            "models": [{**asdict(mm), "total": mm.total, "on_devices": mm.on_devices, "on_host": mm.on_host} for mm in self.models],
+            "devices": [s.to_json() for s in self.shares],
+            "proposals": [p.to_json() for p in self.proposals],
         }
 
 
-def check_fit(
-    models: list[ModelMemory], gpu_query: GpuQuery | None = None, available_ram: int | None = None
-) -> Fit:
-    """Compare the estimates with free memory. GPUs share the load in proportion to their free
-    memory, as llama.cpp's default tensor split does; what is not offloaded lives in RAM."""
-    gq = gpu_query if gpu_query is not None else query_gpus()
-    ram = available_ram if available_ram is not None else psutil.virtual_memory().available
-    host_need = sum(mm.on_host for mm in models)
-    gpu_need = sum(mm.on_gpu for mm in models)
-    if gq.gpus:
-        free = sum(g.free for g in gq.gpus)
-        shares = [int(gpu_need * g.free / free) if free else gpu_need for g in gq.gpus]
-        pools = [Pool(f"GPU {g.index} ({g.name})", g.free, s) for g, s in zip(gq.gpus, shares)]
-        pools.append(Pool("system RAM", ram, host_need))
-        n = len(gq.gpus)
-        note = f"{n} NVIDIA GPU{'s' if n > 1 else ''}, driver {gq.driver}"
-        return Fit(models, pools, gq.gpus, "cuda", note, shares)
-    note = (
-        f"no NVIDIA GPU found ({gq.problem}); checked against system RAM, "
-        "which is also what Apple Silicon's unified memory and CPU runs use"
-    )
-    return Fit(models, [Pool("system RAM", ram, host_need + gpu_need)], [], "cpu", note)
+def check_fit(models: list[ModelMemory], inventory: list[Dev], note: str = "") -> Fit:
+    """Each device's share of the models against its free memory. A device no model uses is
+    listed too (with nothing on it), so the table shows everything that could take a share."""
+    shares = {d.name: Share(d) for d in inventory}
+    for mm in models:
+        for name, n in mm.by_device.items():
+            share = shares.get(name) or shares.setdefault(name, Share(Dev(name, "gpu", 0, 0, "not found")))
+            if mm.role == "draft":
+                share.draft += n
+            else:
+                share.target += n
+    ordered = [s for s in shares.values() if s.device.kind != "cpu"] + [s for s in shares.values() if s.device.kind == "cpu"]
+    return Fit(models, ordered, note)

@@ -19,6 +19,14 @@ except ImportError:  # pragma: no cover - very old gguf
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
+@dataclass(frozen=True)
+class LayerWeights:
+    input: int  # stays on the CPU
+    blocks: list[int]  # per repeating layer
+    output: int
+    tied_head: int  # bytes of token embeddings copied to the output layer's device when not the CPU
+
+
 @dataclass
 class ModelInfo:
     path: Path
@@ -62,6 +70,32 @@ class ModelInfo:
 
     def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
         return self.kv_bytes_per_token(cache_type) * n_ctx
+
+    def layer_weights(self) -> LayerWeights:
+        """Weight bytes as llama.cpp places them: the input layer (token embeddings, always on
+        the CPU), each repeating layer ``blk.N``, and the output layer (the output norm and
+        head; a model with tied embeddings gets a copy of the token embeddings there)."""
+        blocks = [0] * self.n_layer
+        inp = out = 0
+        has_head = False
+        for t in self.header.tensors:
+            name = t.name
+            if name.startswith("blk."):
+                i = name.split(".", 2)[1]
+                if i.isdigit() and int(i) < self.n_layer:
+                    blocks[int(i)] += t.nbytes
+                    continue
+            if name.startswith("output"):
+                out += t.nbytes
+                has_head = has_head or name == "output.weight"
+            else:
+                inp += t.nbytes  # token embeddings and the odd global tensor (rope factors, ...)
+        embd = next((t.nbytes for t in self.header.tensors if t.name == "token_embd.weight"), 0)
+        return LayerWeights(inp, blocks, out, 0 if has_head else embd)
+
+    def kv_bytes_per_layer(self, n_ctx: int, cache_type: str = "f16") -> list[int]:
+        per = CACHE_TYPE_BYTES[cache_type]
+        return [int(h * (self.head_dim_k + self.head_dim_v) * per) * n_ctx for h in self.n_head_kv]
 
     def special_tokens(self) -> dict[str, Any]:
         def show(i):

@@ -1,4 +1,4 @@
-"""check-pair: vocabulary compatibility plus memory fit, from headers only."""
+"""check-pair: vocabulary compatibility plus the memory fit per device, from headers only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 from .compat import Compatibility, check_vocab
 from .errors import SpecrunError
-from .memory import Fit, GpuQuery, check_fit, estimate
+from .memory import Dev, Fit, GpuQuery, local_devices
 from .modelinfo import ModelInfo, model_info
+from .placement import Placement, PlacementSettings, Settings, fit, plan, proposals
 
 
 @dataclass
@@ -19,6 +20,7 @@ class PairReport:
     fit: Fit
     n_ctx: int
     suggestions: list[str] = field(default_factory=list)
+    placement: Placement | None = None
 
     @property
     def ok(self) -> bool:
@@ -34,6 +36,7 @@ class PairReport:
             "ok": self.ok,
             "vocab": self.compat.to_json()["checks"],
             "memory": self.fit.to_json(),
+            "placement": self.placement.to_json() if self.placement else None,
             "suggested_drafts": self.suggestions,
         }
 
@@ -41,23 +44,28 @@ class PairReport:
 def check_pair(
     target: Path | ModelInfo,
     draft: Path | ModelInfo,
-    n_ctx: int = 4096,
-    gpu_layers: int = -1,
-    gpu_layers_draft: int | None = None,
+    settings: Settings | None = None,
     candidates: dict[str, Path] | None = None,
     gpu_query: GpuQuery | None = None,
+    remote: list[Dev] | None = None,
+    available_ram: int | None = None,
 ) -> PairReport:
-    """Read both headers, compare vocabularies, estimate memory. ``candidates`` (registry
-    name -> path of files present) are searched for drafts that would match on a mismatch."""
+    """Read both headers, compare vocabularies, place the pair as it would load (``settings``:
+    context, layers, devices, split) over this machine's GPUs (NVML), ``remote`` RPC devices and
+    RAM, and lay the memory out per device; when it does not fit, the settings that would.
+    ``candidates`` (registry name -> path of files present) are searched for drafts that would
+    match on a mismatch."""
+    s = settings if settings is not None else PlacementSettings()
     t = target if isinstance(target, ModelInfo) else model_info(target)
     d = draft if isinstance(draft, ModelInfo) else model_info(draft)
     compat = check_vocab(t, d)
-    mems = [
-        estimate(t, "target", n_ctx, gpu_layers),
-        estimate(d, "draft", n_ctx, gpu_layers if gpu_layers_draft is None else gpu_layers_draft),
-    ]
-    fit = check_fit(mems, gpu_query)
-    report = PairReport(t, d, compat, fit, n_ctx)
+    local, note = local_devices(gpu_query, available_ram)
+    inv = list(remote or []) + local
+    where = plan(s, inv, t, d)
+    f = fit(where, inv, t, d, s.n_ctx, note)
+    if not f.fits:
+        f.proposals = proposals(s, inv, t, d)
+    report = PairReport(t, d, compat, f, s.n_ctx, placement=where)
     if not compat.compatible and candidates:
         report.suggestions = suggest_drafts(t, candidates, exclude={t.path, d.path})
     return report

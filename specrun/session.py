@@ -17,14 +17,16 @@ from .compat import check_vocab
 from .control import CostModel, CostStore
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
-from .memory import check_fit, estimate
+from .memory import Dev, host_device
 from .modelinfo import ModelInfo, model_info
+from .placement import Placement, check_settings, describe, fit, plan, proposals
 from .registry import Registry, Resolved
+from .rpc import parse_endpoints
 from .sampling import Sampler
 from .template import ChatTemplate, render_chat
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from .backend import Model
+    from .backend import Device, Model
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
@@ -42,6 +44,15 @@ class PairConfig:
     gpu_layers_draft: int | None = None
     threads: int = field(default_factory=lambda: default_threads())
     verbose: bool = False
+    # placement (see placement.py): device names for each model (None: specrun's default, which
+    # puts the draft wholly on one local GPU; () the CPU alone), the target's proportions per
+    # device, llama.cpp's split mode and main GPU, and the RPC workers whose devices join in
+    devices: tuple[str, ...] | None = None
+    devices_draft: tuple[str, ...] | None = None
+    tensor_split: tuple[float, ...] | None = None
+    split_mode: str = "layer"
+    main_gpu: int | None = None
+    rpc: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check_range("n_ctx", self.n_ctx, 16, 1 << 24)
@@ -49,6 +60,9 @@ class PairConfig:
         _check_range("gpu_layers", self.gpu_layers, -1)
         if self.gpu_layers_draft is not None:
             _check_range("gpu_layers_draft", self.gpu_layers_draft, -1)
+        check_settings(self)
+        if self.rpc:
+            parse_endpoints(self.rpc)
 
 
 def default_threads() -> int:
@@ -108,6 +122,8 @@ class OpenPair:
     notices: list[str] = field(default_factory=list)
     cost_key: str = ""
     labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
+    placement: Placement | None = None
+    workers: tuple[str, ...] = ()  # the RPC workers in use
 
     def close(self) -> None:
         if self.draft is not None:
@@ -115,8 +131,37 @@ class OpenPair:
         self.target.close()
 
 
+def inventory(found: list[Device]) -> list[Dev]:
+    """ggml's devices as placement sees them: local GPUs, RPC devices, and this machine's RAM
+    (psutil's available memory: ggml reports the CPU's total as free)."""
+    out = []
+    for d in found:
+        if d.is_rpc:
+            out.append(Dev(d.name, "rpc", d.free, d.total, d.description))
+        elif d.kind in ("gpu", "igpu"):
+            out.append(Dev(d.name, "gpu", d.free, d.total, d.description))
+    return out + [host_device()]
+
+
+def remote_devices(endpoints: tuple[str, ...]) -> list[Dev]:
+    """The devices of these RPC workers (reached with a bounded handshake first)."""
+    from . import backend
+
+    return [Dev(d.name, "rpc", d.free, d.total, d.description) for d in backend.add_workers(endpoints)]
+
+
+def connect(cfg: PairConfig) -> list[Dev]:
+    """Reach the RPC workers (bounded; unreachable ones are an error naming them) and list
+    every device the pair could use."""
+    from . import backend
+
+    backend.add_workers(cfg.rpc)
+    return inventory(backend.devices())
+
+
 def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> OpenPair:
-    """Check the vocabularies from headers (before any weights load), then load both."""
+    """Check the vocabularies from headers (before any weights load), reach the RPC workers,
+    place both models, check the fit per device, then load both."""
     from . import backend
     from .backend import LoadOptions, Model
 
@@ -130,35 +175,58 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
                 "pick a draft of the same family (specrun check-pair shows the details) or use {draft} ngram",
             )
     notices = []
-    mems = [estimate(t_info, "target", cfg.n_ctx, cfg.gpu_layers)]
-    if d_info is not None:
-        dl = cfg.gpu_layers if cfg.gpu_layers_draft is None else cfg.gpu_layers_draft
-        mems.append(estimate(d_info, "draft", cfg.n_ctx, dl))
-    fit = check_fit(mems)
-    if not fit.fits:
-        short = ", ".join(f"{p.name} needs {p.need / 2**30:.1f} GiB of {p.free / 2**30:.1f} GiB free" for p in fit.pools if not p.fits)
-        notices.append(f"warning: the models may not fit ({short}); lower {{n_ctx}} or {{gpu_layers}} if loading fails")
-    if cfg.gpu_layers != 0 and not backend.supports_gpu_offload():
+    inv = connect(cfg)
+    placement = plan(cfg, inv, t_info, d_info)
+    notices += [f"warning: {n}" for n in placement.notes]
+    f = fit(placement, inv, t_info, d_info, cfg.n_ctx)
+    if not f.fits:
+        fix = "; ".join(proposal_flags(p.settings) for p in proposals(cfg, inv, t_info, d_info))
+        notices.append(f"warning: the models may not fit ({f.short()}); " + (f"this would: {fix}" if fix else "lower {n_ctx} or pick smaller models"))
+    if cfg.gpu_layers != 0 and not backend.supports_gpu_offload() and not cfg.rpc:
         notices.append(GPU_REINSTALL)
-    opts = LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=cfg.gpu_layers, n_threads=cfg.threads, verbose=cfg.verbose)
-    target = Model(target_path, opts)
+    if placement.target.devices or (placement.draft is not None and placement.draft.devices):
+        notices.append(f"placement: {describe(placement)}")
+
+    def load(path: Path, where, n_outputs_max: int) -> Model:
+        return Model(
+            path,
+            LoadOptions(
+                n_ctx=cfg.n_ctx,
+                n_gpu_layers=where.gpu_layers,
+                n_threads=cfg.threads,
+                n_outputs_max=n_outputs_max,
+                devices=where.devices,
+                split_mode=where.split_mode,
+                main_gpu=where.main_gpu,
+                tensor_split=where.split if len(where.devices) > 1 else None,
+                verbose=cfg.verbose,
+            ),
+        )
+
+    target = load(target_path, placement.target, 64)
     draft = None
     try:
-        if draft_path is not None:
-            dl = cfg.gpu_layers if cfg.gpu_layers_draft is None else cfg.gpu_layers_draft
-            draft = Model(draft_path, LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=dl, n_threads=cfg.threads, n_outputs_max=1, verbose=cfg.verbose))
+        if draft_path is not None and placement.draft is not None:
+            draft = load(draft_path, placement.draft, 1)
     except BaseException:
         target.close()
         raise
     for role, m in (("target", target), ("draft", draft)):
-        if m is not None and m.offload.reported:
-            notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded to the GPU")
-    p = OpenPair(target, draft, t_info, d_info, notices)
-    p.cost_key = cost_key(t_info, d_info, cfg)
+        if m is not None and m.offload.reported and m.offload.layers:
+            notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded")
+    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc)
+    p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
 
 
-def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig) -> str:
+def proposal_flags(settings: dict[str, str]) -> str:
+    """A proposal's settings as a core message writes them: ``{gpu_layers} 70``."""
+    return " ".join(f"{{{k}}} {v}" for k, v in settings.items())
+
+
+def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig, placement: Placement | None = None, inv: list[Dev] | None = None) -> str:
+    """Costs are learned per machine, models, threads and placement: a split over GPUs or RPC
+    workers has its own verify curve. (A pair wholly on the CPU keeps the key it always had.)"""
     from . import backend
 
     parts = [f"{t.path.name}:{t.file_size}"]
@@ -166,6 +234,15 @@ def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig) -> str:
         parts.append(f"{d.path.name}:{d.file_size}")
     parts += [f"t{cfg.threads}", f"ngl{cfg.gpu_layers}/{cfg.gpu_layers_draft}", f"llama_cpp {backend.version()}"]
     parts.append("gpu" if backend.supports_gpu_offload() and cfg.gpu_layers != 0 else "cpu")
+    if placement is not None and (placement.target.devices or (placement.draft is not None and placement.draft.devices)):
+        where = {x.name: f"{x.name}@{x.description}" if x.kind == "rpc" else x.name for x in inv or []}
+
+        def one(mp) -> str:
+            return ",".join(f"{where.get(n, n)}:{x:.2f}" for n, x in zip(mp.devices, mp.split)) or "cpu"
+
+        parts.append(f"target {one(placement.target)} {placement.target.split_mode}")
+        if placement.draft is not None:
+            parts.append(f"draft {one(placement.draft)}")
     return "|".join(parts)
 
 

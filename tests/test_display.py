@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import re
 from pathlib import Path
@@ -20,9 +19,10 @@ from specrun.display import (
     status_line,
     summary_line,
 )
-from specrun.memory import Gpu, GpuQuery, check_fit, estimate
+from specrun.memory import Gpu, GpuQuery
 from specrun.modelinfo import model_info
 from specrun.pair import check_pair
+from specrun.placement import PlacementSettings
 from specrun.stats import RoundStats, RunStats
 
 GiB = 1 << 30
@@ -165,9 +165,7 @@ def test_human_units():
 
 def fixed_fit_report(target: Path, draft: Path, n_ctx=512, gq=None, ram=8 * GiB, **kw):
     """check_pair on the tiny models, with the memory fit made against fixed free memory."""
-    r = check_pair(target, draft, n_ctx=n_ctx, gpu_query=GpuQuery([], problem="none"), **kw)
-    mems = [estimate(r.target, "target", n_ctx, -1), estimate(r.draft, "draft", n_ctx, -1)]
-    return dataclasses.replace(r, fit=check_fit(mems, gq or GpuQuery([], problem="none"), available_ram=ram))
+    return check_pair(target, draft, PlacementSettings(n_ctx=n_ctx), gpu_query=gq or GpuQuery([], problem="none"), available_ram=ram, **kw)
 
 
 def test_pair_table_compatible(tiny):
@@ -182,8 +180,9 @@ def test_pair_table_compatible(tiny):
     target_row = row(text, "target")
     assert target_row[1] == human_bytes(r.target.weights_bytes)
     assert target_row[2] == "128.00 KiB"  # 2 layers x 2 kv heads x (16+16) dims x 2 bytes x 512
-    assert row(text, "system RAM")[1] == "8.00 GiB"
-    assert row(text, "system RAM")[-1] == "ok"
+    assert row(text, "CPU")[1:4] == ["RAM", "system RAM", "8.00 GiB"]
+    assert row(text, "CPU")[-1] == "ok"
+    assert "Placement: target on the CPU; draft on the CPU" in text
     assert "no NVIDIA GPU found (none)" in text
     assert "OK: the pair is compatible and fits." in text
     assert "FAIL" not in text
@@ -202,11 +201,13 @@ def test_pair_table_incompatible_with_suggestion(tiny):
 def test_pair_table_does_not_fit(tiny):
     gpu = GpuQuery([Gpu(0, "Tiny GPU", GiB, 1 << 20)], driver="555.0")
     r = fixed_fit_report(tiny["target"], tiny["draft-copy"], gq=gpu)
-    text = render(pair_table(r))
-    assert row(text, "GPU 0 (Tiny GPU)")[1] == "1.00 MiB"
-    assert row(text, "GPU 0 (Tiny GPU)")[-1] == "FAIL"
+    text = render(pair_table(r, lambda s: f"--{s.replace('_', '-')}"))
+    assert row(text, "CUDA0")[1:4] == ["GPU", "Tiny GPU", "1.00 MiB"]
+    assert row(text, "CUDA0")[-1] == "FAIL"
     assert "1 NVIDIA GPU, driver 555.0" in text
-    assert "NO: does not fit in memory" in squash(text)
+    assert "NO: does not fit (CUDA0 needs" in squash(text)
+    # the exact flags that would fit: here, nothing on the GPU
+    assert "This would fit: --gpu-layers 0 --gpu-layers-draft 0" in squash(text)
 
 
 def test_inspect_table(tiny):

@@ -8,7 +8,7 @@ import pytest
 
 from specrun.backend import LoadOptions, Model
 from specrun.compat import check_vocab
-from specrun.memory import Gpu, GpuQuery, check_fit, estimate
+from specrun.memory import Gpu, GpuQuery, check_fit, estimate, host_device
 from specrun.modelinfo import model_info
 from specrun.pair import check_pair
 
@@ -64,25 +64,30 @@ def test_kv_estimate_matches_llama_cpp(tiny):
 
 def test_fit_against_fake_gpus(tiny):
     m = model_info(tiny["target"])
-    mems = [estimate(m, "target", 4096, -1), estimate(m, "draft", 4096, -1)]
-    need = sum(x.on_gpu for x in mems)
+    one = check_pair(m, m, gpu_query=GpuQuery([], problem="none"), available_ram=64 * GiB)
+    need = sum(x.total for x in one.fit.models)  # everything, when it all sits in RAM
     two = GpuQuery([Gpu(0, "RTX 4090", 24 * GiB, need // 2 + GiB), Gpu(1, "RTX 4090", 24 * GiB, need // 2 + GiB)], driver="555.0")
-    fit = check_fit(mems, two, available_ram=64 * GiB)
-    assert fit.device == "cuda" and fit.fits
-    assert sum(fit.per_gpu_need) == pytest.approx(need, abs=2)
-    small = GpuQuery([Gpu(0, "tiny", GiB, need // 2)], driver="555.0")
-    assert not check_fit(mems, small, available_ram=64 * GiB).fits
+    r = check_pair(m, m, gpu_query=two, available_ram=64 * GiB)
+    assert r.fit.fits and "2 NVIDIA GPUs, driver 555.0" in r.fit.note
+    on = {s.device.name: s for s in r.fit.shares}
+    assert set(on) == {"CUDA0", "CUDA1", "CPU"} and on["CUDA0"].need > 0
+    # the target has a GPU's layers, the draft another's whole (the target leaves it the room)
+    assert r.placement.draft.devices in (("CUDA0",), ("CUDA1",))
+    small = GpuQuery([Gpu(0, "tiny", GiB, need // 4)], driver="555.0")
+    assert not check_pair(m, m, gpu_query=small, available_ram=64 * GiB).fit.fits
     # partial offload moves the rest to RAM
-    part = estimate(m, "target", 4096, 1)
-    assert 0 < part.on_gpu < part.total and part.on_host > 0
+    part = estimate(m, "target", 4096, 1, ("CUDA0",), (1.0,))
+    assert 0 < part.on_devices < part.total and part.on_host > 0
 
 
 def test_no_gpu_checks_system_ram(tiny):
     m = model_info(tiny["target"])
     mems = [estimate(m, "target", 4096, -1)]
-    fit = check_fit(mems, GpuQuery([], problem="no NVIDIA driver"), available_ram=8 * GiB)
-    assert fit.device == "cpu" and fit.fits and "system RAM" in fit.note
-    assert not check_fit(mems, GpuQuery([], problem="x"), available_ram=1024).fits
+    fit = check_fit(mems, [host_device(8 * GiB)])
+    assert fit.fits and [s.device.name for s in fit.shares] == ["CPU"]
+    assert not check_fit(mems, [host_device(1024)]).fits
+    r = check_pair(m, m, gpu_query=GpuQuery([], problem="no NVIDIA driver"), available_ram=8 * GiB)
+    assert r.fit.fits and "system RAM" in r.fit.note and r.placement.target.devices == ()
 
 
 def test_check_pair_suggests_matching_drafts(tiny):

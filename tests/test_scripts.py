@@ -49,7 +49,7 @@ def test_scripts_are_shellcheck_clean() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "compare-llama-cpp.sh"]
+    "name", ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "compare-llama-cpp.sh", "worker.sh"]
 )
 def test_help_prints_usage(name: str, tmp_path: Path) -> None:
     result = run_script(name, "--help", cwd=tmp_path)

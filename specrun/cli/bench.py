@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
+from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
 from ..engine import Settings
 from ..errors import UsageError
 from ..sampling import Sampler
@@ -50,6 +51,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
         from .. import backend
 
+        network: dict = {}
         need = "model" if any(d in ("model", "hybrid") for d in draft_of.values()) else "none"
         err = stderr()
         pair = load_pair(opts, err, Settings(need))
@@ -71,6 +73,11 @@ def register(app: typer.Typer) -> None:
 
             result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress)
             store.save(pair.cost_key, cost)
+            if pair.workers:
+                from ..network import measure
+
+                err.print("specrun: measuring the network's share of a verify (the same batches through the workers and here alone)...", style="dim")
+                network = measure(pair, opts.pair).to_json()
         finally:
             pair.close()
         result.meta = {
@@ -83,7 +90,10 @@ def register(app: typer.Typer) -> None:
             "llama_cpp": backend.version(),
             "machine": f"{platform.system()} {platform.machine()}, {platform.processor() or ''}".strip(", "),
             "gpu_offload": backend.supports_gpu_offload(),
+            "placement": pair.placement.to_json() if pair.placement else None,
         }
+        if pair.workers:
+            result.meta["network"] = network
         if json_out:
             print_json(result.to_json())
         elif markdown:
@@ -135,6 +145,11 @@ def to_markdown(result: BenchResult) -> str:
         out.append(f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |" if v["measured"] is not None else f"| {m} | {v['predicted']:.2f}x | - |")
     out.append("")
     out.append(f"**Verdict:** {data['verdict']}")
+    net = data["meta"].get("network")
+    if net:
+        out += ["", network_title(net) + ":", "", "| " + " | ".join(NETWORK_COLUMNS) + " |", "|---|---|---|---|---|"]
+        out += ["| " + " | ".join(row) + " |" for row in network_rows(net)]
+        out += ["", net["note"]]
     return "\n".join(out)
 
 
@@ -160,7 +175,8 @@ def tables(result: BenchResult):
 
     ceiling = data["cost_model"]["perfect_drafter_speedup"]
     notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
-    return [t, cost, *notes, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold")]
+    net = [network_table(data["meta"]["network"])] if data["meta"].get("network") else []
+    return [t, cost, *notes, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold"), *net]
 
 
 __all__ = ["register", "to_markdown", "BASELINE"]

@@ -9,8 +9,9 @@ import typer
 from ..display import pair_table
 from ..errors import EXIT_FAIL
 from ..pair import check_pair
+from ..session import remote_devices
 from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
-from .options import PLACEMENT, Options, shared
+from .options import PLACEMENT, Options, long_flag, shared
 
 
 def register(app: typer.Typer) -> None:
@@ -24,8 +25,10 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> int:
         """Check a target/draft pair from GGUF headers alone: same tokenizer and vocabulary
-        (llama.cpp's rules and more), and whether both fit in free GPU memory (NVML) or,
-        without an NVIDIA GPU, in system RAM.
+        (llama.cpp's rules and more), and whether both fit, device by device, placed as they
+        would load (the default placement or your --device, --device-draft, --tensor-split):
+        local GPUs (NVML), RPC workers (--rpc; asked for their free memory) and system RAM.
+        When they do not fit, it prints the exact flags that would.
 
         Exit codes: 0 compatible and fits; 1 incompatible or does not fit; 2 usage error;
         3 an input cannot be read.
@@ -35,9 +38,12 @@ def register(app: typer.Typer) -> None:
         d = require_file(reg.resolve(draft))
         candidates = {e.name: e.path for e in reg.entries.values()}
         cfg = opts.pair
-        report = check_pair(t.path, d.path, cfg.n_ctx, cfg.gpu_layers, cfg.gpu_layers_draft, candidates)
+        report = check_pair(t.path, d.path, cfg, candidates, remote=remote_devices(cfg.rpc) if cfg.rpc else None)
         if json_out:
-            print_json(report.to_json())
+            out = report.to_json()
+            for p in out["memory"]["proposals"]:
+                p["flags"] = " ".join(f"{long_flag(k)} {v}" for k, v in p["settings"].items())
+            print_json(out)
         else:
-            stdout().print(pair_table(report))
+            stdout().print(pair_table(report, long_flag))
         return 0 if report.ok else EXIT_FAIL

@@ -5,17 +5,20 @@ from __future__ import annotations
 import typer
 
 from .common import JsonOpt, print_json, stdout
+from .options import RPC, Options, shared
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
-    def doctor(json_out: JsonOpt = False) -> int:
-        """Check the llama_cpp build (version, GPU offload), NVIDIA driver and GPUs with free
-        memory, system RAM, and the platform (WSL2, Apple Silicon). Prints one line per
-        problem, each with its fix. Exits 1 if there is a problem."""
+    @shared(RPC)
+    def doctor(opts: Options, json_out: JsonOpt = False) -> int:
+        """Check the llama_cpp build (version, GPU offload, RPC support), NVIDIA driver and
+        GPUs with free memory, system RAM, and the platform (WSL2, Apple Silicon); with --rpc,
+        whether each worker answers, its protocol and its devices' free memory. Prints one line
+        per problem, each with its fix. Exits 1 if there is a problem."""
         from ..doctor import diagnose  # loads llama_cpp
 
-        report = diagnose()
+        report = diagnose(rpc_endpoints=opts.pair.rpc)
         if json_out:
             print_json(report.to_json())
         else:

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
 from ..errors import EXIT_FAIL, EXIT_SIGINT, EXIT_USAGE, SpecrunError
+from ..rpc import on_fatal
 from .common import silence_stdout
 from .options import flag_name
 
@@ -44,9 +45,9 @@ def _register() -> None:
     """Attach the commands to `app`, once: main() may run many times in one process."""
     if app.registered_commands:
         return
-    from . import bench, chat, check_pair, doctor, generate, inspect_cmd, models
+    from . import bench, chat, check_pair, devices, doctor, generate, inspect_cmd, models, worker
 
-    for mod in (models, inspect_cmd, check_pair, generate, chat, bench, doctor):
+    for mod in (models, inspect_cmd, check_pair, generate, chat, bench, doctor, devices, worker):
         mod.register(app)
 
 
@@ -63,9 +64,21 @@ def fail(message: str, code: int) -> int:
     return code
 
 
+def die(err: SpecrunError) -> None:
+    """llama.cpp is about to abort the process (an RPC worker was lost mid-run): flush what was
+    printed, say why in one line, and exit with the error's code before the abort can."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+    fail(err.render(flag_name), err.exit_code)
+    os._exit(err.exit_code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
     _register()
+    on_fatal(die)
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(args=argv, prog_name="specrun", standalone_mode=False)

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..engine import Settings
+from ..placement import parse_device_list, parse_tensor_split
+from ..rpc import parse_endpoints
 from ..sampling import Sampler
 from ..session import PairConfig
 
@@ -31,6 +33,8 @@ class Flag:
     help: str
     type: Any
     default: Any
+    parse: Callable[[Any], Any] | None = None  # text (or None) -> the core's value: the core's own parser
+    envvar: str | None = None
 
     @property
     def name(self) -> str:
@@ -45,8 +49,14 @@ def _default(cls: type, name: str) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def _flag(cls: type | None, field: str, decls: tuple[str, ...], help: str, type_: Any, default: Any = None) -> Flag:
-    return Flag(field, decls, help, type_, _default(cls, field) if cls is not None else default)
+def _flag(
+    cls: type | None, field: str, decls: tuple[str, ...], help: str, type_: Any, default: Any = None, parse: Callable[[Any], Any] | None = None, envvar: str | None = None
+) -> Flag:
+    if cls is not None:
+        default = _default(cls, field)
+        if parse is not None and default is not None:  # a tuple in the core, text on the command line
+            default = ",".join(map(str, default)) or None
+    return Flag(field, decls, help, type_, default, parse, envvar)
 
 
 # --- the groups ----------------------------------------------------------------------------------
@@ -60,6 +70,37 @@ PLACEMENT = (
     _flag(PairConfig, "n_ctx", ("-c", "--ctx"), "Context length in tokens.", int),
     _flag(PairConfig, "gpu_layers", ("--gpu-layers", "-ngl"), "Target layers on the GPU; -1 means all.", int),
     _flag(PairConfig, "gpu_layers_draft", ("--gpu-layers-draft", "-ngld"), "Draft layers on the GPU; -1 means all (default: as --gpu-layers).", Optional[int]),
+    _flag(
+        PairConfig,
+        "devices",
+        ("--device", "-dev"),
+        "Devices for the target, comma-separated (CUDA0,RPC0; `specrun devices` lists them); none for the CPU alone "
+        "(default: every GPU and RPC device, in proportion to free memory, leaving the draft its GPU).",
+        Optional[str],
+        parse=lambda v: parse_device_list(v, "devices"),
+    ),
+    _flag(
+        PairConfig,
+        "devices_draft",
+        ("--device-draft", "-devd"),
+        "Devices for the draft; none for the CPU (default: wholly on the local GPU with the most free memory after the target's share, "
+        "else the CPU; never an RPC worker unless named here).",
+        Optional[str],
+        parse=lambda v: parse_device_list(v, "devices_draft"),
+    ),
+    _flag(PairConfig, "tensor_split", ("--tensor-split", "-ts"), "The target's proportion on each of its devices, in order, e.g. 3,1.", Optional[str], parse=parse_tensor_split),
+    _flag(PairConfig, "split_mode", ("--split-mode", "-sm"), "How the target is split over its devices: layer (pipelined), row (CUDA's split matrices) or none (one device).", str),
+    _flag(PairConfig, "main_gpu", ("--main-gpu", "-mg"), "With --split-mode none: the index of the target's one device; with row: the device for intermediate results.", Optional[int]),
+    _flag(
+        PairConfig,
+        "rpc",
+        ("--rpc",),
+        "RPC workers whose devices join the target's split: HOST:PORT[,HOST:PORT...] (start one with `specrun worker`). "
+        "Unencrypted and unauthenticated: trusted networks only.",
+        Optional[str],
+        parse=parse_endpoints,
+        envvar="SPECRUN_RPC",
+    ),
 )
 RUNTIME = (
     _flag(PairConfig, "threads", ("-t", "--threads"), "CPU threads for both models (n_threads and n_threads_batch).", int),
@@ -89,6 +130,7 @@ SAMPLING = (
     _flag(Sampler, "top_p", ("--top-p",), "Top-p (nucleus) filter (1 disables).", float),
     _flag(Sampler, "min_p", ("--min-p",), "Min-p filter (0 disables).", float),
 )
+RPC = tuple(f for f in PLACEMENT if f.field == "rpc")  # for commands that only reach workers (devices, doctor)
 LOADING = MODELS + PLACEMENT + RUNTIME + DRAFTING  # what every model-loading command takes
 ALL = LOADING + SAMPLING
 
@@ -105,6 +147,12 @@ _NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
 def flag_name(setting: str) -> str:
     """The flag that sets ``setting`` (the setting itself if no flag does)."""
     return _NAMES.get(setting, setting)
+
+
+def long_flag(setting: str) -> str:
+    """The long form alone (``--ctx``), for flags written out to be typed, as in a proposal."""
+    f = next((f for f in ALL if f.field == setting), None)
+    return next(d for d in f.decls if d.startswith("--")) if f is not None else flag_name(setting)
 
 
 # --- the values a command receives ---------------------------------------------------------------
@@ -128,7 +176,7 @@ class Options:
     @classmethod
     def build(cls, values: dict[str, Any]) -> Options:
         def pick(flags: tuple[Flag, ...]) -> dict[str, Any]:
-            return {f.field: values[f.field] for f in flags if f.field in values}
+            return {f.field: f.parse(values[f.field]) if f.parse else values[f.field] for f in flags if f.field in values}
 
         pair = PairConfig(**pick(PLACEMENT + RUNTIME))
         settings = Settings(**pick(DRAFTING))
@@ -148,7 +196,7 @@ def shared(*groups: tuple[Flag, ...], exclude: tuple[str, ...] = ()) -> Callable
                 f.field,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=f.default,
-                annotation=Annotated[f.type, typer.Option(*f.decls, help=f.help, show_default=f.default not in (None, ...))],
+                annotation=Annotated[f.type, typer.Option(*f.decls, help=f.help, show_default=f.default not in (None, ...), envvar=f.envvar)],
             )
             for f in flags
         ]

@@ -1,0 +1,40 @@
+"""`specrun devices`: what llama.cpp can place layers on, here and on RPC workers."""
+
+from __future__ import annotations
+
+import typer
+
+from ..display import devices_table
+from .common import JsonOpt, print_json, stdout
+from .options import RPC, Options, shared
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("devices")
+    @shared(RPC)
+    def devices(opts: Options, json_out: JsonOpt = False) -> int:
+        """List the devices llama.cpp sees, with free memory: local GPUs (CUDA, Metal...), the
+        CPU, and with --rpc each worker's devices (RPC0, RPC1... in the order given). These are
+        the names --device and --device-draft take.
+
+        Exit codes: 0 listed; 3 an RPC worker cannot be reached; 1 one speaks another protocol.
+        """
+        from .. import backend  # loads llama_cpp
+
+        backend.add_workers(opts.pair.rpc)
+        rows = [
+            {
+                "name": d.name,
+                "backend": d.backend,
+                "kind": d.kind if not d.is_rpc else "rpc",
+                "description": d.description,
+                "free": d.free,
+                "total": d.total,
+            }
+            for d in backend.devices()
+        ]
+        if json_out:
+            print_json({"devices": rows, "rpc_support": backend.supports_rpc()})
+        else:
+            stdout().print(devices_table(rows))
+        return 0
