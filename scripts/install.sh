@@ -7,7 +7,8 @@
 #   scripts/install.sh --force-backend cpu      # cpu, cuda or metal, instead of detecting
 #
 # Backend: CUDA when an NVIDIA driver is present (nvidia-smi; building needs the CUDA toolkit, nvcc),
-# Metal on Apple Silicon, CPU otherwise. A CMAKE_ARGS of your own is used as is.
+# Metal on Apple Silicon, CPU otherwise; always with llama.cpp's RPC backend (specrun worker, --rpc).
+# A CMAKE_ARGS of your own is used as is (plus -DGGML_RPC=on unless it sets GGML_RPC).
 # llama-cpp-python compiles from source (several minutes; pip caches the wheel). Re-running upgrades
 # in place, and rebuilds llama-cpp-python only when the backend changes. Python: ${PYTHON:-python3} >= 3.10.
 set -euo pipefail
@@ -18,7 +19,7 @@ extras="${SPECRUN_EXTRAS:-}"
 force=""
 venv=""
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 die2() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -95,6 +96,7 @@ case "$backend" in
   cuda) CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" ;;
   metal) CMAKE_ARGS="-DGGML_METAL=on -DGGML_RPC=on" ;;
   cpu) CMAKE_ARGS="-DGGML_RPC=on" ;;
+  custom) [[ "$CMAKE_ARGS" == *GGML_RPC* ]] || { CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=on"; why="$why, plus -DGGML_RPC=on"; } ;;
 esac
 label=$backend
 case "$backend" in cuda) label=CUDA ;; metal) label=Metal ;; cpu) label=CPU ;; esac
