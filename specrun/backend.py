@@ -203,7 +203,8 @@ def _rpc_fn(name: str, restype, *argtypes):
     _ensure_init()
     if not supports_rpc():
         raise BackendError(
-            "this llama-cpp-python was built without the RPC backend", 'reinstall with scripts/install.sh (it adds CMAKE_ARGS="-DGGML_RPC=on")'
+            "this llama-cpp-python was built without the RPC backend",
+            'reinstall with scripts/install.sh (it adds CMAKE_ARGS="-DGGML_RPC=on")',
         )
     g = _ggml()
     reg = g.ggml_backend_reg_by_name(b"RPC")
@@ -245,7 +246,9 @@ def add_workers(endpoints: tuple[str, ...]) -> list[Device]:
             rpc.handshake(ep)
             reg = add(ep.encode())
             if not reg:
-                raise WorkerUnreachable(f"RPC worker {ep} serves no device", "start it with at least one (specrun worker --device ...)", "rpc")
+                raise WorkerUnreachable(
+                    f"RPC worker {ep} serves no device", "start it with at least one (specrun worker --device ...)", "rpc"
+                )
             g.ggml_backend_register(reg)
             _workers[ep] = reg
         reg = _workers[ep]
@@ -287,7 +290,13 @@ def serve(endpoint: str, served: list[Device], cache_dir: Path | None, threads: 
     """Serve ``served`` to RPC clients on ``endpoint`` through llama.cpp's own RPC server. Blocks;
     returns only if the server could not start or stopped (llama.cpp prints why)."""
     start = _rpc_fn(
-        "ggml_backend_rpc_start_server", None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
+        "ggml_backend_rpc_start_server",
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
     )
     handles = (ctypes.c_void_p * len(served))(*[_device_handle(d.name) for d in served])
     _line_buffered_c_stdout()
@@ -395,7 +404,9 @@ class Model:
         if opts.tensor_split:
             n = int(ll.llama_max_devices())
             if len(opts.tensor_split) > n:
-                raise UsageError(f"{{tensor_split}} has {len(opts.tensor_split)} values; llama.cpp takes at most {n}", "give fewer", "tensor_split")
+                raise UsageError(
+                    f"{{tensor_split}} has {len(opts.tensor_split)} values; llama.cpp takes at most {n}", "give fewer", "tensor_split"
+                )
             self._split = (ctypes.c_float * n)(*opts.tensor_split)
             mp.tensor_split = self._split
 

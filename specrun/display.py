@@ -106,9 +106,14 @@ def device_table(fit: Fit) -> Table:
     for s in fit.shares:
         d = s.device
         t.add_row(
-            d.name, _KIND.get(d.kind, d.kind), d.description, human_bytes(d.free),
-            human_bytes(s.target) if s.target else "-", human_bytes(s.draft) if s.draft else "-",
-            human_bytes(s.headroom), _mark(s.fits),
+            d.name,
+            _KIND.get(d.kind, d.kind),
+            d.description,
+            human_bytes(d.free),
+            human_bytes(s.target) if s.target else "-",
+            human_bytes(s.draft) if s.draft else "-",
+            human_bytes(s.headroom),
+            _mark(s.fits),
         )
     return t
 

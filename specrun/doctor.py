@@ -46,10 +46,14 @@ def check_rpc(r: Report, endpoints: tuple[str, ...]) -> None:
     """RPC support in this build, and each worker: answers? which protocol? free memory?"""
     if not backend.supports_rpc():
         r.facts.append(("rpc", "no (llama_cpp was built without the RPC backend)"))
-        r.problems.append("llama_cpp has no RPC backend, so --rpc and `specrun worker` cannot work; fix: bash scripts/install.sh (it builds with -DGGML_RPC=on)")
+        r.problems.append(
+            "llama_cpp has no RPC backend, so --rpc and `specrun worker` cannot work; fix: bash scripts/install.sh (it builds with -DGGML_RPC=on)"
+        )
         return
     built = backend.rpc_protocol_built()
-    r.facts.append(("rpc", f"yes, protocol {_version(built or rpc.PROTOCOL)}: --rpc HOST:PORT uses workers, `specrun worker` serves this machine"))
+    r.facts.append(
+        ("rpc", f"yes, protocol {_version(built or rpc.PROTOCOL)}: --rpc HOST:PORT uses workers, `specrun worker` serves this machine")
+    )
     if built is not None and built != rpc.PROTOCOL:
         r.problems.append(
             f"llama_cpp speaks RPC protocol {_version(built)} but this specrun speaks {_version(rpc.PROTOCOL)}; fix: install the "

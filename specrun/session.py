@@ -181,7 +181,9 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     f = fit(placement, inv, t_info, d_info, cfg.n_ctx)
     if not f.fits:
         fix = "; ".join(proposal_flags(p.settings) for p in proposals(cfg, inv, t_info, d_info))
-        notices.append(f"warning: the models may not fit ({f.short()}); " + (f"this would: {fix}" if fix else "lower {n_ctx} or pick smaller models"))
+        notices.append(
+            f"warning: the models may not fit ({f.short()}); " + (f"this would: {fix}" if fix else "lower {n_ctx} or pick smaller models")
+        )
     if cfg.gpu_layers != 0 and not backend.supports_gpu_offload() and not cfg.rpc:
         notices.append(GPU_REINSTALL)
     if placement.target.devices or (placement.draft is not None and placement.draft.devices):

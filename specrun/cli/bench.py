@@ -176,7 +176,15 @@ def tables(result: BenchResult):
     ceiling = data["cost_model"]["perfect_drafter_speedup"]
     notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
     net = [network_table(data["meta"]["network"])] if data["meta"].get("network") else []
-    return [t, cost, *notes, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold"), *net]
+    return [
+        t,
+        cost,
+        *notes,
+        Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"),
+        pv,
+        Text(f"verdict: {data['verdict']}", style="bold"),
+        *net,
+    ]
 
 
 __all__ = ["register", "to_markdown", "BASELINE"]

@@ -50,7 +50,14 @@ def _default(cls: type, name: str) -> Any:
 
 
 def _flag(
-    cls: type | None, field: str, decls: tuple[str, ...], help: str, type_: Any, default: Any = None, parse: Callable[[Any], Any] | None = None, envvar: str | None = None
+    cls: type | None,
+    field: str,
+    decls: tuple[str, ...],
+    help: str,
+    type_: Any,
+    default: Any = None,
+    parse: Callable[[Any], Any] | None = None,
+    envvar: str | None = None,
 ) -> Flag:
     if cls is not None:
         default = _default(cls, field)
@@ -88,9 +95,28 @@ PLACEMENT = (
         Optional[str],
         parse=lambda v: parse_device_list(v, "devices_draft"),
     ),
-    _flag(PairConfig, "tensor_split", ("--tensor-split", "-ts"), "The target's proportion on each of its devices, in order, e.g. 3,1.", Optional[str], parse=parse_tensor_split),
-    _flag(PairConfig, "split_mode", ("--split-mode", "-sm"), "How the target is split over its devices: layer (pipelined), row (CUDA's split matrices) or none (one device).", str),
-    _flag(PairConfig, "main_gpu", ("--main-gpu", "-mg"), "With --split-mode none: the index of the target's one device; with row: the device for intermediate results.", Optional[int]),
+    _flag(
+        PairConfig,
+        "tensor_split",
+        ("--tensor-split", "-ts"),
+        "The target's proportion on each of its devices, in order, e.g. 3,1.",
+        Optional[str],
+        parse=parse_tensor_split,
+    ),
+    _flag(
+        PairConfig,
+        "split_mode",
+        ("--split-mode", "-sm"),
+        "How the target is split over its devices: layer (pipelined), row (CUDA's split matrices) or none (one device).",
+        str,
+    ),
+    _flag(
+        PairConfig,
+        "main_gpu",
+        ("--main-gpu", "-mg"),
+        "With --split-mode none: the index of the target's one device; with row: the device for intermediate results.",
+        Optional[int],
+    ),
     _flag(
         PairConfig,
         "rpc",
@@ -196,7 +222,9 @@ def shared(*groups: tuple[Flag, ...], exclude: tuple[str, ...] = ()) -> Callable
                 f.field,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=f.default,
-                annotation=Annotated[f.type, typer.Option(*f.decls, help=f.help, show_default=f.default not in (None, ...), envvar=f.envvar)],
+                annotation=Annotated[
+                    f.type, typer.Option(*f.decls, help=f.help, show_default=f.default not in (None, ...), envvar=f.envvar)
+                ],
             )
             for f in flags
         ]
