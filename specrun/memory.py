@@ -173,23 +173,25 @@ def layer_devices(n_layer: int, gpu_layers: int, devices: tuple[str, ...], split
     """The device of each of the ``n_layer + 1`` layers (the last is the output layer), as
     llama.cpp's ``load_tensors`` assigns them: the last ``gpu_layers`` layers are offloaded and
     cut at the cumulative, normalised ``split`` (float32 arithmetic, ``upper_bound``)."""
+    names = [HOST, *devices]
+    return [names[i] for i in _layer_device_index(n_layer, gpu_layers, devices, split)]
+
+
+def _layer_device_index(n_layer: int, gpu_layers: int, devices: tuple[str, ...], split: tuple[float, ...]) -> np.ndarray:
+    """0 for the CPU, else 1 + the index into ``devices``, per layer (vectorised: a header may
+    claim any number of layers)."""
     total = n_layer + 1
     if not devices:
-        return [HOST] * total
+        return np.zeros(total, dtype=np.int64)
     ngl = total if gpu_layers < 0 else min(gpu_layers, total)
     start = max(total - ngl, 0)
     weights = np.asarray(split if split else [1.0] * len(devices), dtype=np.float32)
     cum = np.cumsum(weights, dtype=np.float32)
     cum = (cum / cum[-1]).astype(np.float32)
-    out = []
-    for il in range(total):
-        if il < start:
-            out.append(HOST)
-            continue
-        x = np.float32(il - start) / np.float32(ngl)
-        k = int(np.searchsorted(cum, x, side="right"))  # std::upper_bound
-        out.append(devices[min(k, len(devices) - 1)])
-    return out
+    il = np.arange(total)
+    x = (il - start).astype(np.float32) / np.float32(max(ngl, 1))
+    k = np.minimum(np.searchsorted(cum, x, side="right"), len(devices) - 1) + 1  # std::upper_bound
+    return np.where(il < start, 0, k)
 
 
 def estimate(
@@ -203,22 +205,25 @@ def estimate(
 ) -> ModelMemory:
     """Where one model's memory goes with its layers on ``devices`` (none: all in RAM)."""
     lw = m.layer_weights()
-    kv = m.kv_bytes_per_layer(n_ctx, cache_type)
-    where = layer_devices(m.n_layer, gpu_layers, devices, split)
+    names = [HOST, *devices]
+    where = _layer_device_index(m.n_layer, gpu_layers, devices, split)
+    per_layer = np.asarray(lw.blocks, dtype=np.float64) + np.asarray(m.kv_bytes_per_layer(n_ctx, cache_type), dtype=np.float64)
+    sums = np.bincount(where[:-1], weights=per_layer, minlength=len(names)) if m.n_layer else np.zeros(len(names))
     by: dict[str, int] = defaultdict(int)
+    for i, name in enumerate(names):
+        if sums[i]:
+            by[name] += int(sums[i])
     by[HOST] += lw.input + RUNTIME_OVERHEAD
-    for il in range(m.n_layer):
-        by[where[il]] += lw.blocks[il] + kv[il]
-    out_dev = where[-1]
+    out_dev = names[int(where[-1])]
     tied = lw.tied_head if out_dev != HOST else 0
     by[out_dev] += lw.output + tied
     act, logits = _activations(m, n_ctx), _logits(m, n_ctx)
-    used = set(where)
+    used = {names[i] for i in np.unique(where)}
     for dev in used:
         by[dev] += act + (RUNTIME_OVERHEAD if dev != HOST else 0)
     by[out_dev] += logits
     compute = act * len(used) + logits + RUNTIME_OVERHEAD * len(used | {HOST})
-    return ModelMemory(role, m.weights_bytes + tied, sum(kv), compute, dict(by))
+    return ModelMemory(role, m.weights_bytes + tied, sum(m.kv_bytes_per_layer(n_ctx, cache_type)), compute, dict(by))
 
 
 @dataclass

@@ -95,7 +95,9 @@ class ModelInfo:
 
     def kv_bytes_per_layer(self, n_ctx: int, cache_type: str = "f16") -> list[int]:
         per = CACHE_TYPE_BYTES[cache_type]
-        return [int(h * (self.head_dim_k + self.head_dim_v) * per) * n_ctx for h in self.n_head_kv]
+        dims = self.head_dim_k + self.head_dim_v
+        cost = {h: int(h * dims * per) * n_ctx for h in set(self.n_head_kv)}  # a header may claim any number of layers
+        return [cost[h] for h in self.n_head_kv]
 
     def special_tokens(self) -> dict[str, Any]:
         def show(i):

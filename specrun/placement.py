@@ -21,6 +21,7 @@ largest context. All of it is pure: the devices come in as data.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -313,11 +314,9 @@ class Proposal:
 
 
 def _try(s: Settings, inv: list[Dev], target: ModelInfo, draft: ModelInfo | None) -> Fit | None:
-    try:
-        f = fit(plan(s, inv, target, draft), inv, target, draft, s.n_ctx)
-    except UsageError:
-        return None
-    return f if f.fits else None
+    """The fit of ``s``'s placement if it fits, else None (as for settings that cannot be placed)."""
+    f = _plan_fit(s, inv, target, draft)
+    return f if f is not None and f.fits else None
 
 
 def _split_text(split: tuple[float, ...]) -> str:
@@ -348,24 +347,19 @@ def proposals(s: Settings, inv: list[Dev], target: ModelInfo, draft: ModelInfo |
             if _try(exact, inv, target, draft) is not None:
                 return [Proposal({"tensor_split": _split_text(balanced)}, "a split by the memory each device has left", f)]
     ngl_now = n_layers if s.gpu_layers < 0 else min(s.gpu_layers, n_layers)
-    for ngl in range(ngl_now - 1, -1, -1):
-        f = _try(replace(s, gpu_layers=ngl, gpu_layers_draft=_draft_layers(s)), inv, target, draft)  # type: ignore[type-var]
-        if f is not None:
-            settings = {"gpu_layers": str(ngl)}
-            if s.gpu_layers_draft is None and draft is not None:
-                settings["gpu_layers_draft"] = str(_draft_layers(s))
-            out.append(Proposal(settings, f"the target's last {ngl} of {n_layers} layers on the devices, the rest in RAM", f))
-            break
+    ngl, f = _largest(ngl_now - 1, lambda n: _plan_fit(replace(s, gpu_layers=n, gpu_layers_draft=_draft_layers(s)), inv, target, draft))  # type: ignore[type-var]
+    if f is not None:
+        settings = {"gpu_layers": str(ngl)}
+        if s.gpu_layers_draft is None and draft is not None:
+            settings["gpu_layers_draft"] = str(_draft_layers(s))
+        out.append(Proposal(settings, f"the target's last {ngl} of {n_layers} layers on the devices, the rest in RAM", f))
     if not out and draft is not None:
-        d_layers = draft.n_layer + 1
-        d_now = d_layers if _draft_layers(s) < 0 else min(_draft_layers(s), d_layers)
-        for ngld in range(d_now - 1, -1, -1):
-            f = _try(replace(s, gpu_layers=0, gpu_layers_draft=ngld), inv, target, draft)  # type: ignore[type-var]
-            if f is not None:
-                out.append(
-                    Proposal({"gpu_layers": "0", "gpu_layers_draft": str(ngld)}, "the target in RAM, the draft's last layers on a GPU", f)
-                )
-                break
+        d_now = draft.n_layer + 1 if _draft_layers(s) < 0 else min(_draft_layers(s), draft.n_layer + 1)
+        ngld, f = _largest(d_now - 1, lambda n: _plan_fit(replace(s, gpu_layers=0, gpu_layers_draft=n), inv, target, draft))  # type: ignore[type-var]
+        if f is not None:
+            out.append(
+                Proposal({"gpu_layers": "0", "gpu_layers_draft": str(ngld)}, "the target in RAM, the draft's last layers on a GPU", f)
+            )
     if not out:
         c = s.n_ctx // 2
         while c >= 256:
@@ -375,6 +369,39 @@ def proposals(s: Settings, inv: list[Dev], target: ModelInfo, draft: ModelInfo |
                 break
             c //= 2
     return out
+
+
+def _plan_fit(s: Settings, inv: list[Dev], target: ModelInfo, draft: ModelInfo | None) -> Fit | None:
+    try:
+        return fit(plan(s, inv, target, draft), inv, target, draft, s.n_ctx)
+    except UsageError:
+        return None
+
+
+def _largest(hi: int, fit_at: Callable[[int], Fit | None]) -> tuple[int, Fit | None]:
+    """The largest n in [0, hi] at which the pair fits, with that fit. Offloading one layer
+    fewer moves memory from the devices to RAM, so the devices fit up to some n and RAM from
+    some n on: a binary search finds the largest n where the devices fit (a header may claim
+    any number of layers), and the pair fits anywhere only if RAM also fits there."""
+    if hi < 0:
+        return -1, None
+
+    def devices_fit(n: int) -> Fit | None:
+        f = fit_at(n)
+        return f if f is not None and all(x.fits for x in f.shares if x.device.kind != "cpu") else None
+
+    best = devices_fit(0)
+    if best is None:
+        return -1, None
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        f = devices_fit(mid)
+        if f is not None:
+            lo, best = mid, f
+        else:
+            hi = mid - 1
+    return (lo, best) if best.fits else (-1, None)
 
 
 def _draft_layers(s: Settings) -> int:
