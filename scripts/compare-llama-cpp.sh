@@ -101,6 +101,11 @@ build_llama_cpp() {
   # Server, app and tests are off: llama-cli needs the whole server in recent versions and is optional.
   local args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+  # Without AMX kernels, as scripts/install.sh builds specrun's llama.cpp (they fault in some VMs),
+  # so both tools run the same kernels.
+  if [[ "$(uname -m)" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
+    args+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  fi
   # CUDA needs both the toolkit (nvcc) to build and a GPU (nvidia-smi) to run; nvcc alone is a build box.
   if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
     args+=(-DGGML_CUDA=on); echo "nvcc and nvidia-smi found: building with CUDA"

@@ -191,18 +191,19 @@ class BenchResult:
         sums = self.summaries()
         overall = sums.get("overall", {})
         c1 = self.cost.verify_cost(1)
+        curve = self.cost.curve()
         return {
             "meta": self.meta,
             "modes": self.modes,
             "classes": {c: {m: s.to_json() for m, s in ms.items()} for c, ms in sums.items()},
             "verdict": self.verdict(),
             "cost_model": {
-                "verify_s_by_batch": {str(b): round(v, 6) for b, v in sorted(self.cost.verify.items())},
-                "verify_relative": {str(b): round(v / c1, 3) for b, v in sorted(self.cost.verify.items())},
+                "verify_s_by_batch": {str(b): round(v, 6) for b, v in curve.items()},
+                "verify_relative": {str(b): round(v / c1, 3) for b, v in curve.items()},
                 "draft_s_per_token": self.cost.draft_per_token,
                 "draft_relative": round(self.cost.draft_per_token / c1, 3) if self.cost.draft_per_token else None,
                 # a perfect drafter: every round verifies the batch with the best tokens per second
-                "perfect_drafter_speedup": round(max(b * c1 / v for b, v in self.cost.verify.items()), 3) if self.cost.verify else None,
+                "perfect_drafter_speedup": round(max(b * c1 / v for b, v in curve.items()), 3) if curve else None,
             },
             "predicted_vs_measured": {
                 m: {"predicted": round(self.predicted_speedup(m), 3), "measured": overall[m].to_json()["speedup"] if m in overall else None}

@@ -190,3 +190,38 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
         pos.add_row(str(i + 1), str(p), str(a), f"{100 * a / p:.0f}%" if p else "-")
     return Group(t, pos)
 
+
+
+def costs_table(path, entries: dict[str, dict]) -> Group:
+    """The stored costs and statistics, one table per entry."""
+    from .control import CopyModel
+
+    if not entries:
+        return Group(Text(f"nothing stored in {path} yet: the first generate, chat or bench on a pair measures it"))
+    parts = [Text(f"stored in {path}", style="dim")]
+    for key, e in sorted(entries.items()):
+        t = Table(title=key, title_justify="left", show_header=False)
+        t.add_column("k", style="bold")
+        t.add_column("v", overflow="fold")
+        cost = e.get("cost") or {}
+        verify = {int(b): v for b, v in (cost.get("verify") or {}).items()}
+        measured = cost.get("measured") or {}
+        c1 = verify.get(1)
+        if c1:
+            t.add_row("one token", f"{1e3 * c1:.2f} ms ({1 / c1:.1f} tok/s)")
+            t.add_row("verify b tokens (x one)", "  ".join(f"{b}: {v / c1:.2f}" for b, v in sorted(verify.items())))
+            dpt = cost.get("draft_per_token")
+            t.add_row("draft per token (x one)", f"{dpt / c1:.2f}" if dpt else "-")
+        else:
+            t.add_row("verify curve", "none stored")
+        if measured:
+            cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
+            t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
+        t.add_row("updated", str(e.get("updated", "-")))
+        copy = CopyModel.from_json(e.get("copy"), keep=1.0) if e.get("copy") else None
+        if copy is not None:
+            t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {copy.p(n):.0%}" for n in (2, 4, 8, 16, 32, 64)))
+        if e.get("tie_rate") is not None:
+            t.add_row("near-tie rate", f"{100 * e['tie_rate']:.1f}%")
+        parts.append(t)
+    return Group(*parts)

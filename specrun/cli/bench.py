@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
+from ..costs import CostModel, Learned
 from ..engine import Settings
 from ..errors import UsageError
 from ..sampling import Sampler
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
         n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per prompt (a prompt's own \"n\" wins).", min=1)] = 128,
         json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
         markdown: Annotated[bool, typer.Option("--markdown", help="Print the results as Markdown tables.")] = False,
+        recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the verify curve afresh instead of starting from the stored one.")] = False,
     ) -> int:
         """Is speculation worth it for this pair on this machine? Runs plain decoding and each
         mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
@@ -64,13 +66,15 @@ def register(app: typer.Typer) -> None:
                 return pair.target.tokenize(p.prompt, add_special=True, parse_special=True)
 
             store = cost_store()
-            cost = load_costs(store, pair.cost_key)
+            cost = CostModel() if recalibrate else load_costs(store, pair.cost_key)
 
             def progress(s):
                 err.print(f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%", style="dim")
 
             result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress)
-            store.save(pair.cost_key, cost)
+            if cost.measured.get("disturbed"):
+                err.print(f"specrun: the machine was busy while measuring ({cost.measured['disturbed']}): the curve is not stored", style="yellow")
+            store.save(pair.cost_key, Learned(cost))
         finally:
             pair.close()
         result.meta = {

@@ -18,7 +18,7 @@ from ..display import event_text, stats_table, status_line, summary_line
 from ..errors import SpecrunError
 from ..session import cost_store, model_template, open_engine
 from ..stream import Event
-from .common import CALIBRATING, SignalStop, load_pair, stderr, stdout
+from .common import SignalStop, load_pair, stderr, stdout
 from .options import ALL, Options, flag_name, shared
 
 HELP_TEXT = """commands:
@@ -55,11 +55,11 @@ def register(app: typer.Typer) -> None:
         try:
             settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
             store = cost_store()
-            engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
+            engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
             try:
                 return Repl(pair, engine, system, n_predict, err, show_drafts and not os.environ.get("NO_COLOR")).run()
             finally:
-                store.save(pair.cost_key, engine.cost)
+                store.save(pair.cost_key, engine.learned())
         finally:
             pair.close()
 

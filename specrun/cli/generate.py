@@ -13,7 +13,7 @@ from ..errors import InputError, UsageError
 from ..session import OpenPair, chat_prompt, cost_store, open_engine
 from ..stats import RunStats
 from ..stream import stream_generate
-from .common import CALIBRATING, SignalStop, load_pair, print_json, silence_stdout, stderr
+from .common import SignalStop, load_pair, print_json, silence_stdout, stderr
 from .options import ALL, Options, shared
 
 
@@ -98,7 +98,7 @@ def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | Non
         prompt_tokens = pair.target.tokenize(text, add_special=True, parse_special=True)
     settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
     store = cost_store()
-    engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
+    engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     out_tokens: list[int] = []
     pieces: list[str] = []
     broken = False
@@ -115,7 +115,7 @@ def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | Non
                 except BrokenPipeError:
                     broken = True  # the reader is gone (`| head`): stop generating quietly
                     sig.event.set()
-    store.save(pair.cost_key, engine.cost)
+    store.save(pair.cost_key, engine.learned())
     if json_out:
         print_json({"text": "".join(pieces), "tokens": out_tokens, "finish_reason": stats.finish_reason, "stats": stats.to_json()})
     elif not broken:
