@@ -86,7 +86,7 @@ class CopyModel:
     match is weak evidence, a long one strong) until the bin has data of its own.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hits = [0.0] * len(COPY_BINS)
         self.total = [0.0] * len(COPY_BINS)
 
@@ -183,10 +183,13 @@ class Controller:
         d = self.cost.draft_per_token
         return d if d is not None else 0.5 * self.cost.verify_cost(1)
 
-    def best_k(self, acc: list[float], d: float, k_max: int, c: Callable[[int], float] | None = None) -> tuple[int, float]:
+    def best_k(
+        self, acc: list[float], d: float, k_max: int, c: Callable[[int], float] | None = None, once: float = 0.0
+    ) -> tuple[int, float]:
         """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate,
-        for per-position acceptance ``acc``, draft cost ``d`` per token and verify costs ``c``
-        (the current estimates unless given).
+        for per-position acceptance ``acc``, draft cost ``d`` per token, verify costs ``c``
+        (the current estimates unless given) and a one-off cost ``once`` (catching the draft
+        model's cache up).
 
         A near-tie (greedy, see the engine) stops a round where it falls and costs the round
         its last token, so each drafted position is usable with probability ``a_j (1 - tie)``
@@ -200,7 +203,7 @@ class Controller:
             total += reach
             if k < self.draft_min:
                 continue
-            rate = total / (c(k + 1) + k * d)
+            rate = total / (c(k + 1) + k * d + once)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -214,11 +217,12 @@ class Controller:
             out.append(last)
         return out
 
-    def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None) -> Plan:
+    def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None, model_lag: int = 0) -> Plan:
         """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer,
         ``ngram_match``: how many tokens its copy has already matched; ``room``: how many
-        draft tokens the context and the token budget still allow. Planning changes nothing:
-        only ``observe*`` learn."""
+        draft tokens the context and the token budget still allow; ``model_lag``: how many
+        tokens the draft model's cache must catch up before it can draft (after a stretch of
+        n-gram or plain rounds). Planning changes nothing: only ``observe*`` learn."""
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
@@ -232,21 +236,23 @@ class Controller:
 
         best, best_rate = Plan("none", 0), 1.0 / self.cost.verify_cost(1)
         explore, explore_rate = None, best_rate
+        catch_up = self.cost.catch_up_cost(model_lag)
         for s in usable:
             acc = self.copy.acceptance(ngram_match, lengths[s]) if s == "ngram" else self.acceptance()
-            d = self._draft_cost(s)
-            k, rate = self.best_k(acc, d, lengths[s])
+            d, once = self._draft_cost(s), catch_up if s == "model" else 0.0
+            k, rate = self.best_k(acc, d, lengths[s], once=once)
             if k and rate > best_rate:
                 best, best_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate
             # what if the sizes not verified in this process cost no more than smaller ones that were?
-            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic)
+            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once)
             if k and self.cost.unseen(k + 1) and rate > explore_rate:
                 explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
         if explore is not None and explore_rate > best_rate and self.may_explore():
             return explore
-        if "model" in usable and best.source != "model" and self.idle >= self.probe_every:
+        if "model" in usable and best.source != "model" and self.idle >= self.probe_every and catch_up <= 2 * self.cost.verify_cost(1):
             # the draft model has not been run for a while: try a short draft, in case
-            # things changed (the n-gram source needs no probing: it is scored every round)
+            # things changed (the n-gram source needs no probing: it is scored every round);
+            # not while its cache lags far behind: catching it up would cost more than the try
             k = min(lengths["model"], max(self.draft_min, 2))
             best = Plan("model", k, self._p_split(k), probe=True)
         return best
@@ -282,10 +288,14 @@ class Controller:
         draft_s: float,
         confidences: list[float] | None = None,
         tie_stop: bool = False,
+        caught_up: tuple[int, float] = (0, 0.0),
     ) -> None:
-        """``tie_stop``: the round stopped at a near-tie, not at a rejection (the tie rate
-        accounts for that, so the position is not counted against the draft)."""
+        """``draft_s`` leaves out catching the draft model's cache up, which ``caught_up``
+        gives as (tokens, seconds). ``tie_stop``: the round stopped at a near-tie, not at a
+        rejection (the tie rate accounts for that, so the position is not counted against the
+        draft)."""
         self.cost.observe_verify(drafted + 1, verify_s)
+        self.cost.observe_catch_up(*caught_up)
         self.elapsed += verify_s + draft_s
         self.since_explore += 1
         if plan.explore:  # what it cost beyond decoding the same tokens plainly

@@ -38,6 +38,7 @@ import psutil
 
 EWMA = 0.15  # how far one slower-than-expected round moves an estimate
 FAST = 0.5  # how far one faster-than-expected round moves it
+CATCH_UP_ROUNDS = 4  # a catch-up of the draft model's cache is paid once for about this many rounds
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 STORE_VERSION = 2
 
@@ -76,6 +77,7 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)  # the reference curve (calibrated or stored)
     draft_per_token: float | None = None
     seen: dict[int, float] = field(default_factory=dict)  # sizes verified in this process: their estimates
+    catch_up_per_token: float | None = None  # the draft model evaluating a stretch it missed, per token
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
 
@@ -131,6 +133,24 @@ class CostModel:
         old = self.draft_per_token
         self.draft_per_token = per if old is None else old + EWMA * (per - old)
 
+    def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens <= 0 or seconds <= 0:
+            return
+        per = seconds / n_tokens
+        old = self.catch_up_per_token
+        self.catch_up_per_token = per if old is None else old + EWMA * (per - old)
+
+    def catch_up_cost(self, lag: int) -> float:
+        """Seconds for the draft model to evaluate ``lag`` tokens it missed (a round's usual
+        one or two are part of its per-token cost), per round of the few a switch back to the
+        draft model usually lasts (CATCH_UP_ROUNDS). Unmeasured: half a drafted token each."""
+        if lag <= 2:
+            return 0.0
+        per = self.catch_up_per_token
+        if per is None:
+            per = 0.5 * (self.draft_per_token if self.draft_per_token is not None else 0.5 * self.verify_cost(1))
+        return lag * per / CATCH_UP_ROUNDS
+
     def curve(self) -> dict[int, float]:
         """The current estimate at every size known (reference or verified)."""
         return {b: self.verify_cost(b) for b in sorted(set(self.verify) | set(self.seen))}
@@ -147,6 +167,7 @@ class CostModel:
         return {
             "verify": {str(k): v for k, v in self.curve().items()},
             "draft_per_token": self.draft_per_token,
+            "catch_up_per_token": self.catch_up_per_token,
             "measured": self.measured,
         }
 
@@ -155,8 +176,10 @@ class CostModel:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         if any(b < 1 or not (v > 0 and math.isfinite(v)) for b, v in verify.items()):
             raise ValueError("bad verify curve")
-        dpt = d.get("draft_per_token")
-        return cls(verify, float(dpt) if dpt is not None else None, measured=dict(d.get("measured") or {}))
+        dpt, cup = d.get("draft_per_token"), d.get("catch_up_per_token")
+        return cls(
+            verify, float(dpt) if dpt is not None else None, catch_up_per_token=float(cup) if cup is not None else None, measured=dict(d.get("measured") or {})
+        )
 
 
 # --- calibration ---------------------------------------------------------------------------------

@@ -243,6 +243,8 @@ class Engine:
         todo = prompt[n:-1]
         if todo:
             self.target.eval(todo, logits="none")
+        if self.model_drafter is not None and not self.settings.fixed and self.controller.model_can_pay(self.settings.k_max):
+            self.model_drafter.prefill(prompt)  # as the target: its first draft need not catch up the whole prompt
         self.tokens = list(prompt)
         return len(todo) + 1  # the pending last token is evaluated by the first round
 
@@ -321,7 +323,7 @@ class Engine:
                 # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
                 self.controller.observe(
                     plan, r.stats.drafted, r.accepted, r.stats.verify_s, r.stats.draft_s - r.proposal.sync_s,
-                    r.proposal.confidences, tie_stop=r.deferred,
+                    r.proposal.confidences, tie_stop=r.deferred, caught_up=(r.proposal.caught_up, r.proposal.sync_s),
                 )  # fmt: skip
                 self.controller.observe_tie(r.stats.near_tie)
                 if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
@@ -351,6 +353,7 @@ class Engine:
             ngram_available=len(copy) if copy is not None else 0,
             ngram_match=copy.match if copy is not None else 0,
             room=room,
+            model_lag=len(tokens) - self.model_drafter.model.n_past if self.model_drafter is not None else 0,
         )
         return plan, copy
 
