@@ -248,7 +248,6 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["check-pair", "-m", "x"], "--draft-model"),
         (["check-pair", "-d", "x"], "--model"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "-5"], "-c/--ctx"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "0"], "-c/--ctx"),
