@@ -42,9 +42,9 @@ def _register() -> None:
     """Attach the commands to `app`, once: main() may run many times in one process."""
     if app.registered_commands:
         return
-    from . import bench, chat, check_pair, doctor, drafts, generate, inspect_cmd, models
+    from . import bench, chat, check_pair, doctor, drafts, generate, inspect_cmd, models, pull
 
-    for mod in (models, inspect_cmd, check_pair, drafts, generate, chat, bench, doctor):
+    for mod in (models, inspect_cmd, check_pair, drafts, pull, generate, chat, bench, doctor):
         mod.register(app)
 
 
