@@ -6,6 +6,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .catalog import Catalog
+from .discovery import DraftReport
 from .modelinfo import ModelInfo
 from .pair import PairReport
 from .stats import RunStats
@@ -124,6 +126,64 @@ def models_table(rows: list[dict]) -> Table:
             r.get("architecture") or "-", r.get("quant") or "-", r.get("draft") or "-", r["path"],
         )
     return t
+
+
+def scan_table(c: Catalog) -> Table:
+    """`specrun models --scan`: one row per GGUF file, with every name that reaches it
+    (the paths are in --json)."""
+    t = Table(title="GGUF files in the registry and the model stores", title_justify="left")
+    for col in ("reference", "size", "arch", "quant", "vocab", "fingerprint"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("size", "vocab") else "left")
+    for k in c.models:
+        s = k.summary
+        refs = "\n".join(k.refs)
+        if s is None:
+            t.add_row(refs, "-", Text("unreadable", style="red"), "-", "-", k.error or "")
+            continue
+        parts = f" ({k.parts} parts)" if k.parts > 1 else ""
+        t.add_row(refs, human_bytes(s.size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", s.fingerprint[:12])
+    return t
+
+
+def drafts_table(r: DraftReport) -> Group:
+    """`specrun drafts`: the compatible drafts, ranked, and why every other file cannot draft."""
+    t = r.target
+    head = Text(
+        f"Drafts for {r.target_label}: {t.name} ({t.architecture}, {human_count(t.n_params)} params, "
+        f"{human_bytes(t.weights_bytes)} weights, {t.n_vocab} tokens)"
+    )
+    parts: list = [head]
+    if r.drafts:
+        ok = Table(title=f"Can draft (most useful first; memory at -c {r.n_ctx})", title_justify="left")
+        for col in ("#", "model", "arch", "quant", "weights", "vs target", "memory"):
+            ok.add_column(col, overflow="fold", justify="right" if col in ("#", "weights", "vs target", "memory") else "left")
+        for i, c in enumerate(r.drafts, 1):
+            s = c.summary
+            ok.add_row(
+                str(i),
+                "\n".join(c.known.refs),
+                s.architecture,
+                s.quant,
+                human_bytes(s.weights_bytes),
+                f"{c.size_ratio:.2f}x",
+                human_bytes(c.memory.total),
+            )
+        parts.append(ok)
+    else:
+        parts.append(Text("No known GGUF file can draft for it.", style="bold yellow"))
+    if r.cannot:
+        no = Table(title="Cannot draft", title_justify="left")
+        no.add_column("model", overflow="fold")
+        no.add_column("arch")
+        no.add_column("why", overflow="fold")
+        for c in r.cannot:
+            no.add_row("\n".join(c.known.refs), c.summary.architecture, c.reason)
+        parts.append(no)
+    for k in r.unreadable:
+        parts.append(Text(f"unreadable: {', '.join(k.refs)}: {k.error}", style="red"))
+    if r.no_tokenizer:
+        parts.append(Text(f"skipped (no tokenizer: projectors or the like): {', '.join(k.label for k in r.no_tokenizer)}", style="dim"))
+    return Group(*parts)
 
 
 def status_line(s: RunStats) -> Text:

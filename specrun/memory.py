@@ -17,10 +17,28 @@ which is also the right check on Apple Silicon, where GPU and CPU share memory.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import psutil
 
-from .modelinfo import ModelInfo
+
+class ModelShape(Protocol):
+    """What an estimate reads: a ModelInfo, or a cached summary of one (specrun.catalog)."""
+
+    @property
+    def weights_bytes(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_ff(self) -> int: ...
+    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int: ...
+
 
 MiB = 1 << 20
 N_UBATCH = 512
@@ -96,19 +114,19 @@ class ModelMemory:
         return self.total - self.on_gpu
 
 
-def compute_allowance(m: ModelInfo, n_ctx: int) -> int:
+def compute_allowance(m: ModelShape, n_ctx: int) -> int:
     per_row = m.n_vocab + m.n_head * n_ctx + 4 * m.n_embd + m.n_ff
     return 4 * min(N_UBATCH, n_ctx) * per_row + RUNTIME_OVERHEAD
 
 
-def gpu_fraction(m: ModelInfo, gpu_layers: int) -> float:
+def gpu_fraction(m: ModelShape, gpu_layers: int) -> float:
     """llama.cpp offloads n of n_layer+1 'layers' (the +1 is the output layer)."""
     total = m.n_layer + 1
     n = total if gpu_layers < 0 else min(gpu_layers, total)
     return n / total if total else 0.0
 
 
-def estimate(m: ModelInfo, role: str, n_ctx: int, gpu_layers: int, cache_type: str = "f16") -> ModelMemory:
+def estimate(m: ModelShape, role: str, n_ctx: int, gpu_layers: int, cache_type: str = "f16") -> ModelMemory:
     return ModelMemory(
         role=role,
         weights=m.weights_bytes,

@@ -19,6 +19,10 @@ except ImportError:  # pragma: no cover - very old gguf
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
+def kv_bytes_per_token(elems: int, cache_type: str = "f16") -> int:
+    return int(elems * CACHE_TYPE_BYTES[cache_type])
+
+
 @dataclass
 class ModelInfo:
     path: Path
@@ -54,11 +58,14 @@ class ModelInfo:
     def n_vocab(self) -> int:
         return len(self.tokens)
 
+    @property
+    def kv_elems_per_token(self) -> int:
+        """KV-cache elements one context position holds across all layers."""
+        return sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
+
     def kv_bytes_per_token(self, cache_type: str = "f16") -> int:
         """KV-cache bytes one context position costs across all layers."""
-        per = CACHE_TYPE_BYTES[cache_type]
-        elems = sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
-        return int(elems * per)
+        return kv_bytes_per_token(self.kv_elems_per_token, cache_type)
 
     def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
         return self.kv_bytes_per_token(cache_type) * n_ctx

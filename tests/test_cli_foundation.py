@@ -220,7 +220,7 @@ def test_registry_entry_whose_file_is_missing_names_its_source(tmp_path, monkeyp
     monkeypatch.setenv("SPECRUN_MODELS_DIR", str(tmp_path))
     code, _, err = run_main(["inspect", "70b"], capsys)
     line = assert_one_line_error(err)
-    assert code == EXIT_INPUT and "llama-3.1-70b" in line and "huggingface-cli" in line
+    assert code == EXIT_INPUT and "llama-3.1-70b" in line and "get it with: specrun pull llama-3.1-70b" in line
 
 
 @pytest.mark.parametrize("argv", [["inspect", "x.gguf"], ["check-pair", "-m", "x.gguf", "-d", "y.gguf"]])
@@ -248,7 +248,6 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["check-pair", "-m", "x"], "--draft-model"),
         (["check-pair", "-d", "x"], "--model"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "-5"], "-c/--ctx"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "0"], "-c/--ctx"),

@@ -417,8 +417,10 @@ def with_extra_rows(weights: Weights, n: int, seed: int) -> Weights:
 
 
 def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
-                name: str = "tiny") -> Path:
-    """Write one GGUF file; rewrites `path` only if its bytes would change."""
+                name: str = "tiny", split_max_tensors: int = 0) -> Path:
+    """Write one GGUF file; rewrites `path` only if its bytes would change. With
+    `split_max_tensors`, write a split model instead, as llama.cpp's gguf-split does:
+    `<stem>-00001-of-0000N.gguf`, ...; returns the first part."""
     path = Path(path)
     n_layer = sum(1 for k in weights if k.endswith("attn_q.weight"))
     n_vocab = weights["token_embd.weight"].shape[0]
@@ -426,7 +428,10 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
         raise ValueError(f"weights are for {n_vocab} tokens, the vocabulary has {len(vocab)}")
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = GGUFWriter(tmp, "llama")
+    if split_max_tensors:
+        tmp = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(tmp, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_vocab_size(n_vocab)
@@ -468,6 +473,8 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     writer.write_tensors_to_file()
     writer.close()
 
+    if split_max_tensors:
+        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
     if path.exists() and path.read_bytes() == tmp.read_bytes():
         tmp.unlink()
     else:
