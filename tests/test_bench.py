@@ -15,7 +15,7 @@ from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
 
 MODES = ["none", "model", "ngram", "hybrid"]
 MODE_KEYS = {
-    "tps_mean", "tps_stdev", "speedup", "acceptance_rate", "mean_accept_len", "accept_per_position",
+    "tps_mean", "tps_stdev", "speedup", "speedup_ci95", "acceptance_rate", "mean_accept_len", "accept_per_position",
     "identical_to_plain",
 }
 PROMPTS = [
@@ -100,10 +100,10 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     header = lines.index(
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len "
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len "
         "| accept by position | same text as plain |"
     )
-    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|"
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|"
     rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
     assert [r.split(" | ")[:2] for r in rows[:4]] == [["| code", "none"], ["| code", "model"], ["| overall", "none"], ["| overall", "model"]]
     assert all(r.endswith("| yes |") for r in rows[:4])
@@ -218,3 +218,22 @@ def test_empty_or_unreadable_prompts_file(tmp_path):
 def test_builtin_prompts_load():
     prompts = load_prompts()
     assert len(prompts) >= 4 and len({p.cls for p in prompts}) >= 2
+
+
+def test_the_interval_covers_the_class_mean_and_shrinks_with_agreement():
+    from specrun.bench import ci95, geomean
+
+    spread = [0.9, 1.1, 1.3, 1.0, 1.2]
+    lo, hi = ci95(spread)
+    assert lo < geomean(spread) < hi
+    tight = [1.10, 1.11, 1.09, 1.10, 1.10]
+    tlo, thi = ci95(tight)
+    assert thi - tlo < (hi - lo) / 5 and tlo > 1.05
+    assert ci95([1.2]) == (1.2, 1.2)
+    # t with 4 degrees of freedom: wider than a normal interval would be
+    import math
+    import statistics
+
+    logs = [math.log(x) for x in spread]
+    normal_half = 1.96 * statistics.stdev(logs) / math.sqrt(len(logs))
+    assert math.log(hi) - math.log(geomean(spread)) > normal_half

@@ -17,6 +17,7 @@ median over runs of tok/s divided by plain tok/s, with the range over prompts.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -87,6 +88,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
     ap.add_argument("--json", type=Path, help="also write every sample here")
+    ap.add_argument("--lock", type=Path, help="hold this lock file (flock) while each prompt's modes run, so other jobs wait")
     args = ap.parse_args()
     classes = args.classes.split(",")
     prompts = [p for p in load_prompts() if p.cls in classes]
@@ -103,6 +105,9 @@ def main() -> int:
         for run in range(args.runs):
             for i, (p, f) in enumerate(zip(prompts, files)):
                 order = modes[(run + i) % len(modes) :] + modes[: (run + i) % len(modes)]  # rotate: no mode always first
+                lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115 - held for the loop below
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
                 for mode in order:
                     n = p.n_predict or 128
                     if mode == "plain":
@@ -113,6 +118,8 @@ def main() -> int:
                         r = run_llama(args, f, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
                     print(f"run {run + 1} {p.cls:<10} #{i} {mode:<14} {r['tps']:6.2f} tok/s  n {r['n']}  drafted {r['drafted']} accepted {r['accepted']}", flush=True)
+                if lock is not None:
+                    lock.close()  # releases the lock
     if args.json:
         args.json.write_text(json.dumps(samples, indent=1))
     print()

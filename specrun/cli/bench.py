@@ -114,12 +114,13 @@ def to_markdown(result: BenchResult) -> str:
         f"Target {data['meta'].get('target')}, draft {data['meta'].get('draft')}, {data['meta'].get('threads')} threads, "
         f"-n {data['meta'].get('n_predict')}, {data['meta'].get('runs')} runs, llama_cpp {data['meta'].get('llama_cpp')}, {data['meta'].get('date')}",
         "",
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len | accept by position | same text as plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | accept by position | same text as plain |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cls, mode, s, pos in _summary_rows(result, data):
         out.append(
             f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
+            f"{s['speedup_ci95'][0]:.2f}-{s['speedup_ci95'][1]:.2f} | "
             f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {'yes' if s['identical_to_plain'] else 'NO'} |"
         )
     cm = data["cost_model"]
@@ -145,10 +146,11 @@ def to_markdown(result: BenchResult) -> str:
 def tables(result: BenchResult):
     data = result.to_json()
     t = Table(title="specrun bench", title_justify="left")
-    for col in ("class", "mode", "tok/s", "± sd", "speedup", "accept", "mean len", "by position"):
+    for col in ("class", "mode", "tok/s", "± sd", "speedup", "95% interval", "accept", "mean len", "by position"):
         t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
     for cls, mode, s, pos in _summary_rows(result, data):
-        t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos)
+        lo, hi = s["speedup_ci95"]
+        t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{lo:.2f}-{hi:.2f}", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos)
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
     for b in data["cost_model"]["verify_relative"]:
