@@ -68,6 +68,7 @@ COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the cop
 # (0 and 1: a copy just past an edit the n-gram drafter learned)
 COPY_DECAY = 0.99  # per observation: a bin remembers its last ~100 tokens
 COPY_PRIOR_WEIGHT = 4.0  # the prior counts as this many observations
+PERSISTED_WEIGHT = 8.0  # a stored bin counts as at most this many observations in a new run
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,10 @@ class CopyModel:
         return {"bins": list(COPY_BINS), "hits": [round(h, 3) for h in self.hits], "total": [round(t, 3) for t in self.total]}
 
     @classmethod
-    def from_json(cls, d: dict | None, keep: float = 0.5) -> CopyModel:
-        """A stored model, its counts decayed by ``keep`` (a new run weighs its own evidence
-        more); anything malformed is a fresh model."""
+    def from_json(cls, d: dict | None, keep: float = PERSISTED_WEIGHT) -> CopyModel:
+        """A stored model as a prior: each bin keeps its rate but counts as at most ``keep``
+        observations, so a new run (another kind of text, say) soon outweighs it; anything
+        malformed is a fresh model."""
         m = cls()
         try:
             if d is None or list(d["bins"]) != list(COPY_BINS):
@@ -131,8 +133,9 @@ class CopyModel:
             return m
         cap = 1.0 / (1.0 - COPY_DECAY)  # what a bin can hold at most
         if len(hits) == len(total) == len(COPY_BINS) and all(0 <= h <= t <= cap + 1e-6 for h, t in zip(hits, total)):
-            m.hits = [h * keep for h in hits]
-            m.total = [t * keep for t in total]
+            scale = [min(1.0, keep / t) if t > 0 else 0.0 for t in total]
+            m.hits = [h * f for h, f in zip(hits, scale)]
+            m.total = [t * f for t, f in zip(total, scale)]
         return m
 
 

@@ -9,8 +9,9 @@ every round refines it:
   (the first one in this process replaces a stored value, later ones move the estimate half way)
   and a slower one moves it by a small, bounded step;
 * a size not yet verified in this process follows the reference, scaled by how far the sizes
-  that were verified have moved from it (interpolated between the nearest ones). A stored curve
-  that has drifted, or was measured on a busy machine, heals from the sizes in use;
+  that were verified have moved from it (interpolated between the nearest ones), and is never
+  dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
+  busy machine, heals from the sizes in use;
 * ``optimistic(b)`` is the least a not-yet-verified size could cost: a batch costs at least
   what a smaller batch verified in this process costs. The controller uses it to explore, now
   and then, a longer draft that the stored curve may wrongly price out.
@@ -89,7 +90,9 @@ class CostModel:
         if ref is None:
             seen = _interp(self.seen, b)
             return float(b) if seen is None else seen  # no data at all: assume cost grows with the batch
-        return ref * self._drift(b)
+        est = ref * self._drift(b)
+        above = [v for s, v in self.seen.items() if s > b]
+        return min(est, min(above)) if above else est  # never dearer than a larger batch verified in this process
 
     def _drift(self, b: int) -> float:
         """How far the sizes verified in this process have moved from the reference, at ``b``

@@ -278,7 +278,7 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
             cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
             t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
         t.add_row("updated", str(e.get("updated", "-")))
-        copy = CopyModel.from_json(e.get("copy"), keep=1.0) if e.get("copy") else None
+        copy = CopyModel.from_json(e.get("copy"), keep=float("inf")) if e.get("copy") else None
         if copy is not None:
             t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {copy.p(n):.0%}" for n in (2, 4, 8, 16, 32, 64)))
         if e.get("tie_rate") is not None:

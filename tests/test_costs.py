@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import EXPLORE_SHARE, Controller, CopyModel
+from specrun.control import EXPLORE_SHARE, PERSISTED_WEIGHT, Controller, CopyModel
 from specrun.costs import CostModel, CostStore, Learned, calibrate
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
@@ -194,8 +194,8 @@ def test_copy_statistics_round_trip_decayed_and_damage_is_a_cold_start():
     for _ in range(50):
         m.observe(32, [1] * 8, [1] * 8)
     back = CopyModel.from_json(json.loads(json.dumps(m.to_json())))
-    assert back.total == pytest.approx([t * 0.5 for t in m.total])
-    assert back.p(32) == pytest.approx(m.p(32), abs=0.05) and back.p(32) > CopyModel().p(32)
+    assert max(back.total) == pytest.approx(PERSISTED_WEIGHT) and max(m.total) > 3 * PERSISTED_WEIGHT  # a prior, not the whole story
+    assert back.p(32) > CopyModel().p(32) and back.p(32) == pytest.approx(m.p(32), abs=0.1)
     for bad in (None, {}, {"bins": [1, 2]}, {"bins": m.to_json()["bins"], "hits": [5.0] * 12, "total": [1.0] * 12}, {"bins": "x"}):
         assert CopyModel.from_json(bad).total == CopyModel().total
 
@@ -220,7 +220,7 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
     try:
         assert pair.cost_key == key
         e = open_engine(pair, Settings("ngram"), Sampler(0.0), CostStore(cache / "costs.json"))
-        assert e.controller.copy.total == pytest.approx([t * 0.5 for t in entry["copy"]["total"]])
+        assert e.controller.copy.total == pytest.approx([min(t, PERSISTED_WEIGHT) for t in entry["copy"]["total"]])
         assert e.controller.copy.p(2) != CopyModel().p(2)
     finally:
         pair.close()

@@ -89,6 +89,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
     ap.add_argument("--json", type=Path, help="also write every sample here")
     ap.add_argument("--lock", type=Path, help="hold this lock file (flock) while each prompt's modes run, so other jobs wait")
+    ap.add_argument("--first-run", type=int, default=0, help="number the runs from here (to add runs to an earlier log)")
+    ap.add_argument("--from-log", type=Path, nargs="+", help="print the table from the sample lines of earlier logs, run nothing")
     args = ap.parse_args()
     classes = args.classes.split(",")
     prompts = [p for p in load_prompts() if p.cls in classes]
@@ -96,13 +98,22 @@ def main() -> int:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
     modes = ["plain", "specrun"] + args.types.split(",")
     samples: list[dict] = []
+    if args.from_log:
+        for log in args.from_log:
+            for line in log.read_text().splitlines():
+                m = SAMPLE.match(line)
+                if m:
+                    drafted, accepted = (None if x == "None" else int(x) for x in (m["drafted"], m["accepted"]))
+                    samples.append({"cls": m["cls"], "prompt": int(m["prompt"]), "run": int(m["run"]) - 1, "mode": m["mode"], "tps": float(m["tps"]), "n": int(m["n"]), "drafted": drafted, "accepted": accepted})
+        table(samples, classes, prompts, modes)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for i, p in enumerate(prompts):
             f = Path(tmp) / f"prompt{i}.txt"
             f.write_text(render(args.target, p.prompt) if p.chat else p.prompt)
             files.append(f)
-        for run in range(args.runs):
+        for run in range(args.first_run, args.first_run + args.runs):
             for i, (p, f) in enumerate(zip(prompts, files)):
                 order = modes[(run + i) % len(modes) :] + modes[: (run + i) % len(modes)]  # rotate: no mode always first
                 lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115 - held for the loop below
@@ -122,23 +133,34 @@ def main() -> int:
                     lock.close()  # releases the lock
     if args.json:
         args.json.write_text(json.dumps(samples, indent=1))
-    print()
+    table(samples, classes, prompts, modes)
+    return 0
+
+
+SAMPLE = re.compile(
+    r"run (?P<run>\d+) (?P<cls>\S+)\s+#(?P<prompt>\d+) (?P<mode>\S+)\s+(?P<tps>[\d.]+) tok/s\s+n (?P<n>\d+)\s+drafted (?P<drafted>\w+) accepted (?P<accepted>\w+)"
+)
+
+
+def table(samples: list[dict], classes: list[str], prompts: list, modes: list[str]) -> None:
+    runs = len({s["run"] for s in samples})
+    print(f"\n{runs} run(s); per prompt the median over runs, per class the geometric mean over prompts\n")
     print("| class | mode | speedup vs plain (geomean of per-prompt medians) | range over prompts | acceptance |")
     print("|---|---|---|---|---|")
     for c in classes:
         for mode in modes[1:]:
             ratios, drafted, accepted = [], 0, 0
             for i, p in enumerate(prompts):
-                if p.cls != c:
-                    continue
-                base = statistics.median(s["tps"] for s in samples if s["prompt"] == i and s["mode"] == "plain")
                 mine = [s for s in samples if s["prompt"] == i and s["mode"] == mode]
-                ratios.append(statistics.median(s["tps"] for s in mine) / base)
+                plain = [s["tps"] for s in samples if s["prompt"] == i and s["mode"] == "plain"]
+                if p.cls != c or not mine or not plain:
+                    continue
+                ratios.append(statistics.median(s["tps"] for s in mine) / statistics.median(plain))
                 drafted += sum(s["drafted"] or 0 for s in mine)
                 accepted += sum(s["accepted"] or 0 for s in mine)
             acc = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
-            print(f"| {c} | {mode} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {acc} |")
-    return 0
+            if ratios:
+                print(f"| {c} | {mode} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {acc} |")
 
 
 if __name__ == "__main__":
