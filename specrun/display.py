@@ -285,3 +285,31 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
             t.add_row("near-tie rate", f"{100 * e['tie_rate']:.1f}%")
         parts.append(t)
     return Group(*parts)
+
+
+def source_mix(s: RunStats) -> str:
+    """Rounds by draft source, as shares: "ngram 40% · model 35% · none 25%"."""
+    total = sum(v[0] for v in s.by_source.values())
+    if not total:
+        return "-"
+    parts = sorted(s.by_source.items(), key=lambda kv: -kv[1][0])
+    return " · ".join(f"{k} {100 * v[0] / total:.0f}%" for k, v in parts)
+
+
+def request_line(label: str, state: str, s: RunStats | None, waiting: int = 0) -> Text:
+    """One request on `specrun serve`'s terminal: speed, acceptance and where drafts came from."""
+    t = Text(style="dim" if state != "running" else "")
+    t.append(f"{label}  ", style="bold")
+    if s is None:
+        t.append(state)
+    else:
+        t.append(f"{s.n_generated} tok  ")
+        t.append(f"{s.generation_tps:.1f} tok/s", style="bold cyan")
+        t.append(f"  accept {100 * s.acceptance_rate:.0f}% ({s.n_accepted}/{s.n_drafted})")
+        t.append(f"  rounds {source_mix(s)}")
+        t.append(f"  prompt {s.n_prompt_tokens + s.n_cached_tokens} tok, {s.n_cached_tokens} cached")
+        if state != "running":
+            t.append(f"  [{s.finish_reason or state}]")
+    if waiting:
+        t.append(f"  ({waiting} waiting)", style="yellow")
+    return t

@@ -248,6 +248,12 @@ class Engine:
         self.tokens = list(prompt)
         return len(todo) + 1  # the pending last token is evaluated by the first round
 
+    def reseed(self, seed: int | None) -> None:
+        """Restart the random stream (a request's own seed, say); the model drafter shares it."""
+        self.rng = np.random.default_rng(seed)
+        if self.model_drafter is not None:
+            self.model_drafter.rng = self.rng
+
     def reset(self) -> None:
         self.target.reset()
         if self.model_drafter is not None:

@@ -44,9 +44,9 @@ def _register() -> None:
     """Attach the commands to `app`, once: main() may run many times in one process."""
     if app.registered_commands:
         return
-    from . import bench, chat, check_pair, costs, doctor, drafts, generate, inspect_cmd, models, pull
+    from . import bench, chat, check_pair, costs, doctor, drafts, generate, inspect_cmd, models, pull, serve
 
-    for mod in (models, inspect_cmd, check_pair, drafts, pull, generate, chat, bench, costs, doctor):
+    for mod in (models, inspect_cmd, check_pair, drafts, pull, generate, chat, bench, serve, costs, doctor):
         mod.register(app)
 
 
