@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import socket
 import threading
@@ -70,6 +71,16 @@ class TerminalView:
         self.print(f"specrun: {text}", style="yellow" if text.startswith(("warning", "internal")) else "dim")
 
 
+def exposure_warning(address: str, key: str | None) -> str | None:
+    """The warning for a server other machines can reach without a key (None when it is fine)."""
+    if key is not None or ipaddress.ip_address(address).is_loopback:
+        return None
+    return (
+        f"warning: listening on {address}, which other machines can reach, with no API key: anyone who can reach this port "
+        "can use the models; set SPECRUN_API_KEY or --api-key, or listen on 127.0.0.1"
+    )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     @shared(ALL)
@@ -126,7 +137,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     from ..server.app import Served, create_app
     from ..server.host import Host
     from ..server.metrics import Metrics
-    from ..server.run import address, is_loopback, serve
+    from ..server.run import address, serve
 
     where, port = address(sock)
     settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
@@ -147,12 +158,9 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
         view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.draft}), context {pair.target.n_ctx}", style="dim")
         view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
-        if not is_loopback(sock) and key is None:
-            view.print(
-                f"specrun: warning: listening on {where}, which other machines can reach, with no API key: anyone who can reach "
-                "this port can use the models; set SPECRUN_API_KEY or --api-key, or listen on 127.0.0.1",
-                style="bold yellow",
-            )  # fmt: skip
+        warning = exposure_warning(where, key)
+        if warning:
+            view.print(f"specrun: {warning}", style="bold yellow")
         signum = serve(create_app(host, served, metrics), sock, host.stop)
         released = host.join(timeout=60)
     store.save(pair.cost_key, engine.cost)
