@@ -23,9 +23,12 @@ LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/v1")
 class Server:
     """``specrun serve ... --port 0``; waits for its "listening on" line, then drains stderr."""
 
-    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None, start_timeout: float = 300.0):
+    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None, start_timeout: float = 300.0, isolate: bool = True):
+        """``isolate``: a registry and cost cache of its own under ``home`` (tests); else the user's."""
         full_env = {k: v for k, v in os.environ.items() if k != "SPECRUN_API_KEY"}
-        full_env.update({"SPECRUN_CACHE_DIR": str(home / "cache"), "XDG_CONFIG_HOME": str(home / "config"), "NO_COLOR": "1"})
+        full_env["NO_COLOR"] = "1"
+        if isolate:
+            full_env.update({"SPECRUN_CACHE_DIR": str(home / "cache"), "XDG_CONFIG_HOME": str(home / "config")})
         full_env.update(env or {})
         self.proc = subprocess.Popen(
             [str(SPECRUN), "serve", "--host", "127.0.0.1", "--port", "0", *args],

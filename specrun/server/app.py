@@ -252,7 +252,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
                 pass
 
         client = request.client.host if request.client else "-"
-        job = Job(r, post, label=f"#{host.next_id()} {r.kind} {client}")
+        job = Job(r, post, label=f"#{host.next_id()} {r.kind} {client}", stream=stream)
         try:
             host.submit(job)
         except Busy as e:
@@ -276,21 +276,16 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
                 _events(inbox, job, start, shape, api_error), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
             )  # fmt: skip
-        try:
-            texts: list[str] = []
-            while True:
-                kind, payload = await _next(inbox, request, job)
-                if kind == "error":
-                    raise api_error(payload)
-                texts.append(payload.text)
-                if payload.finish_reason is not None:
-                    break
+        try:  # one message: the last event, with the whole text
+            kind, payload = await _next(inbox, request, job)
+            if kind == "error":
+                raise api_error(payload)
         except _ClientGone:
             return Response(status_code=499)
         except BaseException:
             job.cancel.set()
             raise
-        body = shape.whole("".join(texts), payload, start)
+        body = shape.whole(payload.text, payload, start)
         if start.notices:
             body["notices"] = list(start.notices)
         return JSONResponse(body, headers=headers)
@@ -411,7 +406,8 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
             event: Event = payload
             if event.finish_reason is None:
                 if event.text:
-                    yield _sse(shape.chunk(event.text))
+                    yield _sse(shape.chunk(event.text))  # resumes once the chunk has been sent
+                job.delivered()
                 continue
             last = shape.chunk(event.text or None, finish_reason(event.finish_reason))
             last["timings"] = timings(event.stats)

@@ -6,8 +6,15 @@ or the server is stopping) and reads what the engine thread posts back, in order
 
 * ``("start", Start)`` once the prompt is tokenized and fits (the stream's headers can go out);
 * ``("event", Event)`` per round, from :func:`specrun.stream.stream_generate` (the last one
-  carries the finish reason);
+  carries the finish reason); a job that does not stream gets only the last event, with the
+  whole text;
 * or ``("error", exc)`` instead, at any point.
+
+A streaming job's reader calls ``Job.delivered()`` once it has sent an event on, and the engine
+waits for that (up to ``ACK_WAIT_S``) before its next round: the HTTP side's work then happens
+while the engine is idle, not while llama.cpp's threads decode. On a machine whose cores all
+decode, a thread that wakes up mid-decode stalls the whole decode by a scheduler time slice;
+handing over between rounds costs a fraction of a millisecond instead.
 
 Setting ``Job.cancel`` (the client went away, the server is stopping) ends the generation
 within one round; a job cancelled while it waits is dropped when its turn comes.
@@ -44,6 +51,7 @@ from .schemas import ApiError
 __all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
 
 MAX_ENGINES = 8  # distinct per-request settings kept warm (each has its own controller)
+ACK_WAIT_S = 0.05  # longest wait for a streaming reader to send an event on (a slow client is not waited for)
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,16 @@ class Job:
     request: Request
     post: Callable[[tuple[str, Any]], None]  # thread-safe: hands a message to the HTTP side
     label: str = ""  # for the terminal: "#3 chat 127.0.0.1"
+    stream: bool = True  # False: only the last event is posted, with the whole text
     cancel: threading.Event = field(default_factory=threading.Event)
     state: str = "queued"  # queued | running | done | cancelled | error
     stats: RunStats | None = None
     queued_at: float = field(default_factory=time.monotonic)
+    _sent: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0), repr=False)
+
+    def delivered(self) -> None:
+        """The reader has sent an event on (see ACK_WAIT_S)."""
+        self._sent.release()
 
 
 class Observer(Protocol):
@@ -250,7 +264,14 @@ class Host:
                 stats = job.stats = event.stats
                 out.extend(event.tokens)
                 said.append(event.text)
-                job.post(("event", event))
+                if event.finish_reason is not None:  # counted before the client hears of it
+                    self._count(stats)
+                    stats = None
+                if job.stream:
+                    job.post(("event", event))
+                    job._sent.acquire(timeout=ACK_WAIT_S)
+                elif event.finish_reason is not None:
+                    job.post(("event", dataclasses.replace(event, text="".join(said), segments=())))
                 self.observer.progress(job)
             reason = event.finish_reason if event is not None else "interrupted"
             job.state = "cancelled" if reason == "interrupted" else "done"
@@ -263,9 +284,13 @@ class Host:
             job.post(("error", e))
             self.observer.notice(f"internal error in {job.label}: {type(e).__name__}: {e}")
         finally:
-            if stats is not None and self.on_finish is not None:
-                self.on_finish(stats)
+            if stats is not None:  # ended by an error: count what was done
+                self._count(stats)
             self.observer.finished(job)
+
+    def _count(self, stats: RunStats) -> None:
+        if self.on_finish is not None:
+            self.on_finish(stats)
 
     def _engine(self, settings: Settings, sampler: Sampler) -> Engine:
         """The engine for these settings (made on first use, sharing the models and costs)."""
