@@ -94,21 +94,24 @@ def speed(server: Server, args, prompts: list[dict]) -> list[dict]:
         for mode in ("hybrid", "none"):
             body = {"messages": messages, "max_tokens": n, "temperature": 0, "draft": mode}
             stream_timed(server, body)  # warm-up: the prompt is cached from here on
-            gen, piped, srv = [], [], []
+            gen, piped, srv, inner = [], [], [], []
             for _ in range(args.runs):  # interleaved, so that drift hits all three alike
                 gen.append(generate_tps(args, p["prompt"], mode, n, piped=False))
                 r = stream_timed(server, body)
                 srv.append(r["tokens"] / r["total_s"])
+                inner.append(r["timings"]["predicted_per_second"])  # the server's engine, same request
                 piped.append(generate_tps(args, p["prompt"], mode, n, piped=True))
             row = {
                 "class": p["class"], "mode": mode, "n": n, "generate_tps": statistics.mean(gen),
-                "generate_piped_tps": statistics.mean(piped), "serve_tps": statistics.mean(srv),
+                "generate_piped_tps": statistics.mean(piped), "serve_tps": statistics.mean(srv), "serve_engine_tps": statistics.mean(inner),
             }  # fmt: skip
             row["ratio"] = row["serve_tps"] / row["generate_tps"]
             row["ratio_piped"] = row["serve_tps"] / row["generate_piped_tps"]
+            row["ratio_http"] = row["serve_tps"] / row["serve_engine_tps"]  # what HTTP, JSON and SSE cost, request by request
             rows.append(row)
             print(f"  {p['class']:<9} {mode:<6} generate {row['generate_tps']:6.2f} (piped {row['generate_piped_tps']:6.2f}) tok/s  "
-                  f"serve {row['serve_tps']:6.2f} tok/s  x{row['ratio']:.3f} (x{row['ratio_piped']:.3f})", file=sys.stderr)  # fmt: skip
+                  f"serve {row['serve_tps']:6.2f} tok/s (engine {row['serve_engine_tps']:6.2f})  x{row['ratio']:.3f} (x{row['ratio_piped']:.3f}, "
+                  f"client/engine x{row['ratio_http']:.3f})", file=sys.stderr)  # fmt: skip
     return rows
 
 
@@ -164,13 +167,14 @@ def load(server: Server, args) -> list[dict]:
 
 def markdown(data: dict) -> str:
     out = [
-        "| class | mode | tokens | generate --json | generate, text piped | serve, SSE at the client | serve / generate --json | serve / generate piped |",
-        "|---|---|---|---|---|---|---|---|",
+        "| class | mode | tokens | generate --json | generate, text piped | serve, SSE at the client | serve's engine (timings) "
+        "| serve / generate --json | serve / generate piped | client / serve's engine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["speed"]:
         out.append(f"| {r['class']} | {r['mode']} | {r['n']} | {r['generate_tps']:.2f} | {r['generate_piped_tps']:.2f} | {r['serve_tps']:.2f} | "
-                   f"{r['ratio']:.3f}x | {r['ratio_piped']:.3f}x |")  # fmt: skip
-    for key, what in (("ratio", "generate --json"), ("ratio_piped", "generate with its text piped")):
+                   f"{r['serve_engine_tps']:.2f} | {r['ratio']:.3f}x | {r['ratio_piped']:.3f}x | {r['ratio_http']:.3f}x |")  # fmt: skip
+    for key, what in (("ratio", "generate --json"), ("ratio_piped", "generate with its text piped"), ("ratio_http", "serve's own engine")):
         if not data["speed"]:
             break
         ratios = [r[key] for r in data["speed"]]
