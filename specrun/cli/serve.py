@@ -16,7 +16,7 @@ from rich.text import Text
 from ..display import request_line
 from ..errors import EXIT_SIGINT, EXIT_SIGTERM
 from ..session import OpenPair, cost_store, open_engine
-from .common import CALIBRATING, load_pair, load_registry, stderr
+from .common import load_pair, load_registry, stderr
 from .options import ALL, Options, flag_name, shared
 
 MAX_BODY = 4 << 20
@@ -142,7 +142,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     where, port = address(sock)
     settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
     store = cost_store()
-    engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
+    engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     resolved = load_registry(opts.registry).resolve(opts.model)
     served = Served(
         name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft=pair.labels[1],
@@ -163,6 +163,6 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
             view.print(f"specrun: {warning}", style="bold yellow")
         signum = serve(create_app(host, served, metrics), sock, host.stop)
         released = host.join(timeout=60)
-    store.save(pair.cost_key, engine.cost)
+    store.save(pair.cost_key, engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
     err.print("specrun: stopped" + (f" by {signal.Signals(signum).name}" if signum else ""), style="dim")
     return signum, released
