@@ -3,11 +3,13 @@
     python scripts/tools/bench_serve.py -m qwen-1.5b -d qwen-0.5b -t 2 [--runs 2] [-n 128] [--json]
 
 1. Speed: for each prompt (chat, code-gen, code-edit from the packaged bench set) and each
-   drafting mode (hybrid, none), interleaved: `specrun generate --json` (its own
+   drafting mode (hybrid, none), interleaved run by run: `specrun generate --json` (its own
    generation tok/s, prompt processing excluded) and the same prompt streamed through the
    server, timed at the client from sending the request to `[DONE]`. The server has seen the
    prompt once before (a warm-up), so its prefill is a cached token and both figures leave
-   prompt processing out; the server's includes HTTP, JSON and SSE. Ratio = serve / generate.
+   prompt processing out; the server's includes HTTP, JSON and SSE. Ratios are medians of
+   the run-by-run ratios; "client / engine" sets the client's figure against the server's
+   own `timings.predicted_per_second` for the same request, which isolates the HTTP layer.
 2. Prompt cache: time to first token of a chat's second turn against its first, with a long
    shared prefix (a ~1,500-token system prompt).
 3. Load: requests/s and p50/p95 latency (request sent to response read) with 1, 4 and 8
@@ -94,24 +96,21 @@ def speed(server: Server, args, prompts: list[dict]) -> list[dict]:
         for mode in ("hybrid", "none"):
             body = {"messages": messages, "max_tokens": n, "temperature": 0, "draft": mode}
             stream_timed(server, body)  # warm-up: the prompt is cached from here on
-            gen, piped, srv, inner = [], [], [], []
-            for _ in range(args.runs):  # interleaved, so that drift hits all three alike
-                gen.append(generate_tps(args, p["prompt"], mode, n, piped=False))
+            gen, srv, inner = [], [], []
+            for _ in range(args.runs):  # interleaved, so that drift hits both alike
+                gen.append(generate_tps(args, p["prompt"], mode, n, piped=args.piped))
                 r = stream_timed(server, body)
                 srv.append(r["tokens"] / r["total_s"])
                 inner.append(r["timings"]["predicted_per_second"])  # the server's engine, same request
-                piped.append(generate_tps(args, p["prompt"], mode, n, piped=True))
-            row = {
-                "class": p["class"], "mode": mode, "n": n, "generate_tps": statistics.mean(gen),
-                "generate_piped_tps": statistics.mean(piped), "serve_tps": statistics.mean(srv), "serve_engine_tps": statistics.mean(inner),
-            }  # fmt: skip
-            row["ratio"] = row["serve_tps"] / row["generate_tps"]
-            row["ratio_piped"] = row["serve_tps"] / row["generate_piped_tps"]
-            row["ratio_http"] = row["serve_tps"] / row["serve_engine_tps"]  # what HTTP, JSON and SSE cost, request by request
+            row = {"class": p["class"], "mode": mode, "n": n, "generate_tps": statistics.median(gen), "serve_tps": statistics.median(srv)}
+            row["serve_engine_tps"] = statistics.median(inner)
+            row["ratio"] = statistics.median(
+                s / g for s, g in zip(srv, gen)
+            )  # pair by pair: each serve run against the generate run beside it
+            row["ratio_http"] = statistics.median(a / b for a, b in zip(srv, inner))  # what HTTP, JSON and SSE cost, request by request
             rows.append(row)
-            print(f"  {p['class']:<9} {mode:<6} generate {row['generate_tps']:6.2f} (piped {row['generate_piped_tps']:6.2f}) tok/s  "
-                  f"serve {row['serve_tps']:6.2f} tok/s (engine {row['serve_engine_tps']:6.2f})  x{row['ratio']:.3f} (x{row['ratio_piped']:.3f}, "
-                  f"client/engine x{row['ratio_http']:.3f})", file=sys.stderr)  # fmt: skip
+            print(f"  {p['class']:<9} {mode:<6} generate {row['generate_tps']:6.2f} tok/s  serve {row['serve_tps']:6.2f} tok/s "
+                  f"(its engine {row['serve_engine_tps']:6.2f})  x{row['ratio']:.3f}, client/engine x{row['ratio_http']:.3f}", file=sys.stderr)  # fmt: skip
     return rows
 
 
@@ -167,14 +166,13 @@ def load(server: Server, args) -> list[dict]:
 
 def markdown(data: dict) -> str:
     out = [
-        "| class | mode | tokens | generate --json | generate, text piped | serve, SSE at the client | serve's engine (timings) "
-        "| serve / generate --json | serve / generate piped | client / serve's engine |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| class | mode | tokens | generate tok/s | serve tok/s, SSE at the client | serve's engine (timings) | serve / generate | client / serve's engine |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in data["speed"]:
-        out.append(f"| {r['class']} | {r['mode']} | {r['n']} | {r['generate_tps']:.2f} | {r['generate_piped_tps']:.2f} | {r['serve_tps']:.2f} | "
-                   f"{r['serve_engine_tps']:.2f} | {r['ratio']:.3f}x | {r['ratio_piped']:.3f}x | {r['ratio_http']:.3f}x |")  # fmt: skip
-    for key, what in (("ratio", "generate --json"), ("ratio_piped", "generate with its text piped"), ("ratio_http", "serve's own engine")):
+        out.append(f"| {r['class']} | {r['mode']} | {r['n']} | {r['generate_tps']:.2f} | {r['serve_tps']:.2f} | {r['serve_engine_tps']:.2f} | "
+                   f"{r['ratio']:.3f}x | {r['ratio_http']:.3f}x |")  # fmt: skip
+    for key, what in (("ratio", "generate"), ("ratio_http", "serve's own engine")):
         if not data["speed"]:
             break
         ratios = [r[key] for r in data["speed"]]
@@ -196,8 +194,11 @@ def main() -> int:
     ap.add_argument("-d", "--draft-model", default="qwen-0.5b")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
-    ap.add_argument("-n", "--n-predict", type=int, default=128)
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--piped", action="store_true", help="run generate with its text piped to this process (as a terminal reads it) instead of --json"
+    )
     ap.add_argument("--load-requests", type=int, default=16)
     ap.add_argument("--sections", default="speed,cache,load", help="which parts to run (each computes its ratios within itself)")
     ap.add_argument("--json", action="store_true")

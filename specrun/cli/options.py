@@ -98,6 +98,8 @@ _OTHER_NAMES = {
     "max_tokens": "-n/--n-predict",
     "runs": "--runs",
     "prompts": "--prompts",
+    "host": "--host",
+    "port": "--port",
 }
 _NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
 

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         host: Annotated[
             str, typer.Option("--host", help="Address to listen on. Anything but loopback needs an API key to be safe.")
         ] = "127.0.0.1",
-        port: Annotated[int, typer.Option("--port", help="Port to listen on (0 picks a free one and prints it).")] = 8080,
+        port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0 picks a free one and prints it).")] = 8080,
         api_key: Annotated[
             Optional[str],
             typer.Option(
