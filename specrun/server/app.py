@@ -35,8 +35,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine import Settings
 from ..errors import SpecrunError, UsageError
 from ..sampling import Sampler
+from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
+from ..template import render_chat
 from .host import Busy, Host, Job, Request, ShuttingDown, Start
 from .metrics import CONTENT_TYPE, Metrics
 from .schemas import ApiError, ChatRequest, CompletionRequest, param_of
@@ -165,6 +167,7 @@ class _TooBig(Exception):
 
 def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
+    template = model_template(host.pair)
     app.add_middleware(BodyLimit, limit=served.max_body)
     key = served.api_key.encode() if served.api_key else None
 
@@ -326,7 +329,10 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         req = await parse(request, ChatRequest)
         settings, sampler = drafting(req)
         limit, limit_field = req.limit()
-        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, messages=tuple(req.conversation()))
+        # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
+        text = render_chat(template, req.conversation(), host.warn)
+        add_special = not (template.bos_token and text.startswith(template.bos_token))
+        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
         return await run(request, r, req.stream, _Shape("chat", served.name, req.include_usage))
 
     @app.post("/v1/completions")

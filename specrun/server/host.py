@@ -42,10 +42,9 @@ from typing import Any, Protocol
 from ..engine import Engine, Settings
 from ..errors import SpecrunError
 from ..sampling import Sampler
-from ..session import OpenPair, model_template
+from ..session import OpenPair
 from ..stats import RunStats
 from ..stream import Event, stream_generate
-from ..template import render_chat
 from .schemas import ApiError
 
 __all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
@@ -64,9 +63,9 @@ class Request:
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None  # None: up to the context
     limit_field: str = "max_tokens"  # how the request named the limit
-    messages: tuple[dict, ...] = ()  # chat
-    prompt_text: str | None = None  # completion, as text
-    prompt_ids: tuple[int, ...] = ()  # completion, as token ids
+    prompt_text: str | None = None  # the prompt as text (a chat's is its rendered template)
+    prompt_ids: tuple[int, ...] = ()  # or a completion's prompt as token ids
+    add_special: bool = True  # let the tokenizer add BOS (not when a template wrote it)
     prompt_field: str = "messages"
 
 
@@ -152,7 +151,6 @@ class Host:
         self.max_queue = max_queue
         self.observer: Observer = observer or _Quiet()
         self.on_finish = on_finish
-        self.template = model_template(pair)
         self.past: dict[str, _Past] = {}
         self.cond = threading.Condition()
         self.waiting: deque[Job] = deque()
@@ -310,7 +308,8 @@ class Host:
         self.engines.move_to_end(key)
         return engine
 
-    def _warn(self, msg: str) -> None:
+    def warn(self, msg: str) -> None:
+        """A template's fallback and the like, once each, on the terminal."""
         if msg not in self.warned:
             self.warned.add(msg)
             self.observer.notice(f"warning: {msg}")
@@ -318,23 +317,17 @@ class Host:
     def _prompt(self, req: Request) -> tuple[list[int], str | None]:
         """The request's token ids, and its text (None when it came as token ids)."""
         target = self.pair.target
-        if req.kind == "completion" and req.prompt_text is None:
+        if req.prompt_text is None:
             bad = [t for t in req.prompt_ids if not 0 <= t < target.n_vocab]
             if bad:
                 raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})", "prompt")
             return list(req.prompt_ids), None
-        if req.kind == "chat":
-            text = render_chat(self.template, list(req.messages), self._warn)
-            bos = self.template.bos_token
-            add_special = not (bos and text.startswith(bos))
-        else:
-            assert req.prompt_text is not None
-            text, add_special = req.prompt_text, True
+        text = req.prompt_text
         past = self.past.get(req.kind)
         if past is not None and len(text) > len(past.text) and text.startswith(past.text):
             # the previous request's text, extended: keep its tokens, tokenize only the new text
             return list(past.tokens) + target.tokenize(text[len(past.text) :], add_special=False, parse_special=True), text
-        tokens = target.tokenize(text, add_special=add_special, parse_special=True)
+        tokens = target.tokenize(text, add_special=req.add_special, parse_special=True)
         if not tokens:
             raise ApiError(400, "the prompt is empty", req.prompt_field)
         return tokens, text
