@@ -205,7 +205,11 @@ class BenchResult:
         best = max((m for m in overall.values()), key=lambda m: geomean(m.speedups) if m.speedups else 1.0, default=None)
         if best is None or best.mode == BASELINE or geomean(best.speedups) < 1.03:
             return "use --draft none: no mode beat plain decoding by more than noise on this machine"
-        per_class = {c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode for c, ms in self.summaries().items() if c != "overall"}
+        per_class = {
+            c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode
+            for c, ms in self.summaries().items()
+            if c != "overall"
+        }
         classes = ", ".join(f"{c}: {m}" for c, m in sorted(per_class.items()))
         return f"use --draft {best.mode} ({geomean(best.speedups):.2f}x plain overall); best per class: {classes}"
 
@@ -229,7 +233,8 @@ class BenchResult:
             },
             "predicted_vs_measured": {
                 m: {"predicted": round(self.predicted_speedup(m), 3), "measured": overall[m].to_json()["speedup"] if m in overall else None}
-                for m in self.modes if m != BASELINE
+                for m in self.modes
+                if m != BASELINE
             },
         }
 

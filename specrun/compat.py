@@ -143,9 +143,7 @@ def check_vocab(t: VocabFacts, d: VocabFacts, token_diffs: TokenDiffs = first_to
             )
         )
     else:
-        out.checks.append(
-            Check("token texts", False, "-", "-", "not comparable across tokenizer models")
-        )
+        out.checks.append(Check("token texts", False, "-", "-", "not comparable across tokenizer models"))
     for label, tv, dv in (
         ("BOS id", t.bos_id, d.bos_id),
         ("EOS id", t.eos_id, d.eos_id),

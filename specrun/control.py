@@ -355,12 +355,17 @@ class Controller:
             c1, d = self.cost.verify_cost(1), self._draft_cost("model")
             if not self.model_can_pay(self.draft_max):
                 optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc]
-                k = max(range(1, min(8, self.draft_max) + 1), key=lambda j: expected_tokens(optimistic, j) / (self.cost.verify_cost(j + 1) + j * d))
+                k = max(
+                    range(1, min(8, self.draft_max) + 1),
+                    key=lambda j: expected_tokens(optimistic, j) / (self.cost.verify_cost(j + 1) + j * d),
+                )
                 best = expected_tokens(optimistic, k) * c1 / (self.cost.verify_cost(k + 1) + k * d)
                 why.append(
                     f"draft model idle: even at {OPTIMISTIC_ACCEPTANCE:.0%} acceptance its best draft would run {best:.2f}x plain here "
                     f"(verifying {k + 1} tokens costs {self.cost.verify_cost(k + 1) / c1:.1f} plain steps, drafting {k} costs {k * d / c1:.1f})"
                 )
             else:
-                why.append(f"draft model idle: its drafts are accepted {self.acceptance()[0]:.0%} of the time at the first position, too rarely to pay")
+                why.append(
+                    f"draft model idle: its drafts are accepted {self.acceptance()[0]:.0%} of the time at the first position, too rarely to pay"
+                )
         return "; ".join(why) or None

@@ -181,7 +181,10 @@ class CostModel:
             raise ValueError("bad verify curve")
         dpt, cup = d.get("draft_per_token"), d.get("catch_up_per_token")
         return cls(
-            verify, float(dpt) if dpt is not None else None, catch_up_per_token=float(cup) if cup is not None else None, measured=dict(d.get("measured") or {})
+            verify,
+            float(dpt) if dpt is not None else None,
+            catch_up_per_token=float(cup) if cup is not None else None,
+            measured=dict(d.get("measured") or {}),
         )
 
 

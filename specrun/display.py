@@ -54,8 +54,13 @@ def pair_table(r: PairReport) -> Group:
         mem.add_column(col, justify="right" if col != "model" else "left")
     for m in r.fit.models:
         mem.add_row(
-            m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute),
-            human_bytes(m.total), human_bytes(m.on_gpu), human_bytes(m.on_host),
+            m.role,
+            human_bytes(m.weights),
+            human_bytes(m.kv_cache),
+            human_bytes(m.compute),
+            human_bytes(m.total),
+            human_bytes(m.on_gpu),
+            human_bytes(m.on_host),
         )
     pools = Table(title="Against free memory", title_justify="left")
     for col in ("pool", "free", "needed", "headroom", ""):
@@ -77,7 +82,11 @@ def pair_table(r: PairReport) -> Group:
         verdict.append("; ".join(reasons) + ".")
     parts = [
         Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
-        vocab, mem, pools, Text(r.fit.note, style="dim"), verdict,
+        vocab,
+        mem,
+        pools,
+        Text(r.fit.note, style="dim"),
+        verdict,
     ]
     if r.suggestions:
         parts.append(Text(f"drafts in your registry that match the target: {', '.join(r.suggestions)}"))
@@ -122,8 +131,14 @@ def models_table(rows: list[dict]) -> Table:
         if r.get("verified") is not None:
             status.append(" sha256 ok" if r["verified"] else " SHA256 MISMATCH", style="green" if r["verified"] else "bold red")
         t.add_row(
-            r["name"], ", ".join(r["aliases"]), status, human_bytes(r.get("size")) if r["present"] else "-",
-            r.get("architecture") or "-", r.get("quant") or "-", r.get("draft") or "-", r["path"],
+            r["name"],
+            ", ".join(r["aliases"]),
+            status,
+            human_bytes(r.get("size")) if r["present"] else "-",
+            r.get("architecture") or "-",
+            r.get("quant") or "-",
+            r.get("draft") or "-",
+            r["path"],
         )
     return t
 
@@ -221,8 +236,7 @@ def summary_line(s: RunStats, label: str = "") -> str:
         f"accepted {s.n_accepted}/{s.n_drafted} ({100 * s.acceptance_rate:.0f}%), "
         f"mean len {s.mean_accept_len:.2f}, {s.tokens_per_decode:.2f} tok/decode | "
         f"draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s | rounds: {src or '-'} | "
-        f"finish: {s.finish_reason or '-'}"
-        + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
+        f"finish: {s.finish_reason or '-'}" + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
     )
 
 
@@ -249,7 +263,6 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
     for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
         pos.add_row(str(i + 1), str(p), str(a), f"{100 * a / p:.0f}%" if p else "-")
     return Group(t, pos)
-
 
 
 def costs_table(path, entries: dict[str, dict]) -> Group:

@@ -203,7 +203,9 @@ class Engine:
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
         (its curve, unless ``cost`` is given, and its copy and near-tie statistics)."""
         if "model" in settings.sources and draft is None:
-            raise UsageError(f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model")
+            raise UsageError(
+                f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
+            )
         self.target = target
         self.settings = settings
         self.sampler = sampler

@@ -105,9 +105,7 @@ class ModelMemory:
 
     @property
     def on_gpu(self) -> int:
-        return int((self.weights + self.kv_cache) * self.gpu_fraction) + (
-            self.compute if self.gpu_fraction > 0 else 0
-        )
+        return int((self.weights + self.kv_cache) * self.gpu_fraction) + (self.compute if self.gpu_fraction > 0 else 0)
 
     @property
     def on_host(self) -> int:
@@ -171,18 +169,13 @@ class Fit:
             "fits": self.fits,
             "device": self.device,
             "note": self.note,
-            "models": [
-                {**asdict(mm), "total": mm.total, "on_gpu": mm.on_gpu, "on_host": mm.on_host}
-                for mm in self.models
-            ],
+            "models": [{**asdict(mm), "total": mm.total, "on_gpu": mm.on_gpu, "on_host": mm.on_host} for mm in self.models],
             "pools": [{**asdict(p), "headroom": p.headroom, "fits": p.fits} for p in self.pools],
             "gpus": [{**asdict(g), "need": n} for g, n in zip(self.gpus, self.per_gpu_need)],
         }
 
 
-def check_fit(
-    models: list[ModelMemory], gpu_query: GpuQuery | None = None, available_ram: int | None = None
-) -> Fit:
+def check_fit(models: list[ModelMemory], gpu_query: GpuQuery | None = None, available_ram: int | None = None) -> Fit:
     """Compare the estimates with free memory. GPUs share the load in proportion to their free
     memory, as llama.cpp's default tensor split does; what is not offloaded lives in RAM."""
     gq = gpu_query if gpu_query is not None else query_gpus()

@@ -154,7 +154,7 @@ def _load_file(path: Path) -> dict[str, Entry]:
                 f"allowed keys are {', '.join(sorted(ALLOWED_KEYS))}",
             )
         if not isinstance(raw.get("path"), str) or not raw["path"]:
-            raise RegistryError(f"{where} needs a path = \"...\" string", "add the .gguf path")
+            raise RegistryError(f'{where} needs a path = "..." string', "add the .gguf path")
         aliases = raw.get("aliases", [])
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise RegistryError(f"{where}: aliases must be a list of strings", 'e.g. aliases = ["8b"]')

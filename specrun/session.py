@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-on
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
-    "reinstall with: CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir "
+    'reinstall with: CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
     "llama-cpp-python (Apple Silicon: -DGGML_METAL=on), or run scripts/install.sh"
 )
 
@@ -92,7 +92,9 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
         if d is None:
             if settings.draft == "model":
                 raise UsageError(
-                    f"no draft model for {target.label}", "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram", "draft_model"
+                    f"no draft model for {target.label}",
+                    "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram",
+                    "draft_model",
                 )
         else:
             draft = require_file(d)
@@ -146,7 +148,9 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     try:
         if draft_path is not None:
             dl = cfg.gpu_layers if cfg.gpu_layers_draft is None else cfg.gpu_layers_draft
-            draft = Model(draft_path, LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=dl, n_threads=cfg.threads, n_outputs_max=1, verbose=cfg.verbose))
+            draft = Model(
+                draft_path, LoadOptions(n_ctx=cfg.n_ctx, n_gpu_layers=dl, n_threads=cfg.threads, n_outputs_max=1, verbose=cfg.verbose)
+            )
     except BaseException:
         target.close()
         raise

@@ -127,7 +127,9 @@ def test_check_pair_tiny_vocab_changed_names_the_id(tiny, capsys):
     assert code == EXIT_FAIL and re.search(r"token texts: first differences at id 3\d\d", out)
 
 
-@pytest.mark.parametrize("variant, code", [("draft-copy", 0), ("vocab-plus100", 0), ("eos-changed", EXIT_FAIL), ("other-family", EXIT_FAIL)])
+@pytest.mark.parametrize(
+    "variant, code", [("draft-copy", 0), ("vocab-plus100", 0), ("eos-changed", EXIT_FAIL), ("other-family", EXIT_FAIL)]
+)
 def test_check_pair_tiny_exit_codes(tiny, capsys, variant, code):
     got, r = check_pair_json(capsys, "-m", str(tiny["target"]), "-d", str(tiny[variant]), "-c", "512")
     assert got == code

@@ -211,7 +211,7 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
     first = cli(args, cache, tmp_path)
     assert first.returncode == 0, first.stderr
     stored = CostStore(cache / "costs.json").entries()
-    (key, entry), = stored.items()
+    ((key, entry),) = stored.items()
     assert sum(entry["copy"]["total"]) > 0  # (its curve is stored too, unless the machine was busy: see above)
     # a second process on the same pair: open_engine starts from those statistics
     from specrun.session import PairConfig, open_engine, open_pair
@@ -237,7 +237,10 @@ def test_a_corrupted_store_is_a_cold_start_with_no_error(tiny, tmp_path):
 
 def test_costs_command_shows_and_resets(tiny, tmp_path):
     cache = tmp_path / "cache"
-    assert cli(["generate", "-m", str(tiny["target"]), "-t", "1", "--draft", "ngram", "-n", "8", "-p", "hi hi hi"], cache, tmp_path).returncode == 0
+    assert (
+        cli(["generate", "-m", str(tiny["target"]), "-t", "1", "--draft", "ngram", "-n", "8", "-p", "hi hi hi"], cache, tmp_path).returncode
+        == 0
+    )
     shown = cli(["costs", "--json"], cache, tmp_path)
     data = json.loads(shown.stdout)
     assert len(data["entries"]) == 1 and "target.gguf" in next(iter(data["entries"]))

@@ -47,7 +47,18 @@ def render(target: Path, prompt: str) -> str:
 
 
 def run_specrun(args, prompt_file: Path, n: int, mode: str | None) -> dict:
-    cmd = [str(SPECRUN), "generate", "-m", str(args.target), "-d", str(args.draft), "-t", str(args.threads), "--prompt-file", str(prompt_file)]
+    cmd = [
+        str(SPECRUN),
+        "generate",
+        "-m",
+        str(args.target),
+        "-d",
+        str(args.draft),
+        "-t",
+        str(args.threads),
+        "--prompt-file",
+        str(prompt_file),
+    ]
     cmd += ["-n", str(n), "--json"] + (["--draft", mode] if mode else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
@@ -104,7 +115,18 @@ def main() -> int:
                 m = SAMPLE.match(line)
                 if m:
                     drafted, accepted = (None if x == "None" else int(x) for x in (m["drafted"], m["accepted"]))
-                    samples.append({"cls": m["cls"], "prompt": int(m["prompt"]), "run": int(m["run"]) - 1, "mode": m["mode"], "tps": float(m["tps"]), "n": int(m["n"]), "drafted": drafted, "accepted": accepted})
+                    samples.append(
+                        {
+                            "cls": m["cls"],
+                            "prompt": int(m["prompt"]),
+                            "run": int(m["run"]) - 1,
+                            "mode": m["mode"],
+                            "tps": float(m["tps"]),
+                            "n": int(m["n"]),
+                            "drafted": drafted,
+                            "accepted": accepted,
+                        }
+                    )
         table(samples, classes, prompts, modes)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +150,10 @@ def main() -> int:
                     else:
                         r = run_llama(args, f, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
-                    print(f"run {run + 1} {p.cls:<10} #{i} {mode:<14} {r['tps']:6.2f} tok/s  n {r['n']}  drafted {r['drafted']} accepted {r['accepted']}", flush=True)
+                    print(
+                        f"run {run + 1} {p.cls:<10} #{i} {mode:<14} {r['tps']:6.2f} tok/s  n {r['n']}  drafted {r['drafted']} accepted {r['accepted']}",
+                        flush=True,
+                    )
                 if lock is not None:
                     lock.close()  # releases the lock
     if args.json:

@@ -38,7 +38,11 @@ def main() -> int:
     lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115
     if lock is not None:
         fcntl.flock(lock, fcntl.LOCK_EX)
-    pair = open_pair(MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf", PairConfig(threads=args.threads))
+    pair = open_pair(
+        MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
+        PairConfig(threads=args.threads),
+    )
     p = [q for q in load_prompts() if q.cls == "code-edit"][args.prompt]
     prompt = chat_prompt(pair, [{"role": "user", "content": p.prompt}])
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +61,9 @@ def main() -> int:
         for _ in range(args.reps):
             poisoned = {b: v * 8 if b >= 6 else v for b, v in truth.items()}
             rows.setdefault("plain", []).append(run(Engine(pair.target, None, Settings("none"), Sampler(0.0))))
-            rows.setdefault("default, fresh curve", []).append(run(Engine(pair.target, pair.draft, Settings(), Sampler(0.0), CostModel(dict(truth), fresh.cost.draft_per_token))))
+            rows.setdefault("default, fresh curve", []).append(
+                run(Engine(pair.target, pair.draft, Settings(), Sampler(0.0), CostModel(dict(truth), fresh.cost.draft_per_token)))
+            )
             store.save(pair.cost_key, Learned(CostModel(poisoned, fresh.cost.draft_per_token)))
             sick = open_engine(pair, Settings(), Sampler(0.0), store)
             rows.setdefault("default, poisoned curve (heals in the run)", []).append(run(sick))
@@ -74,7 +80,9 @@ def main() -> int:
         print(f"| {name} | {tps:.1f} | {tps / plain:.2f}x | {max(k for _, k in vals)} |")
     c1 = truth[1]
     after = stored_after.cost.verify if stored_after else {}
-    print(f"\nc(16)/c(1): fresh {truth[16] / c1:.2f}, poisoned {8 * truth[16] / c1:.2f}, stored after the poisoned run {after.get(16, float('nan')) / after.get(1, c1):.2f}")
+    print(
+        f"\nc(16)/c(1): fresh {truth[16] / c1:.2f}, poisoned {8 * truth[16] / c1:.2f}, stored after the poisoned run {after.get(16, float('nan')) / after.get(1, c1):.2f}"
+    )
     return 0
 
 

@@ -25,14 +25,31 @@ def register(app: typer.Typer) -> None:
     @shared(LOADING, exclude=("draft",))
     def bench(
         opts: Options,
-        prompts: Annotated[Optional[Path], typer.Option("--prompts", help="A JSONL file of {\"class\", \"prompt\", \"chat\"?, \"n\"?} (default: the built-in set).", show_default=False)] = None,
+        prompts: Annotated[
+            Optional[Path],
+            typer.Option(
+                "--prompts", help='A JSONL file of {"class", "prompt", "chat"?, "n"?} (default: the built-in set).', show_default=False
+            ),
+        ] = None,
         runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).", min=1, max=100)] = 2,
-        modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).")] = "model,ngram,hybrid",
-        classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)] = None,
-        n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per prompt (a prompt's own \"n\" wins).", min=1)] = 128,
+        modes: Annotated[
+            str,
+            typer.Option(
+                "--draft",
+                help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).",
+            ),
+        ] = "model,ngram,hybrid",
+        classes: Annotated[
+            Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)
+        ] = None,
+        n_predict: Annotated[
+            int, typer.Option("-n", "--n-predict", help='Most tokens per prompt (a prompt\'s own "n" wins).', min=1)
+        ] = 128,
         json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
         markdown: Annotated[bool, typer.Option("--markdown", help="Print the results as Markdown tables.")] = False,
-        recalibrate: Annotated[bool, typer.Option("--recalibrate", help="Measure the verify curve afresh instead of starting from the stored one.")] = False,
+        recalibrate: Annotated[
+            bool, typer.Option("--recalibrate", help="Measure the verify curve afresh instead of starting from the stored one.")
+        ] = False,
     ) -> int:
         """Is speculation worth it for this pair on this machine? Runs plain decoding and each
         mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
@@ -69,11 +86,18 @@ def register(app: typer.Typer) -> None:
             cost = CostModel() if recalibrate else load_costs(store, pair.cost_key)
 
             def progress(s):
-                err.print(f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%", style="dim")
+                err.print(
+                    f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%",
+                    style="dim",
+                )
 
-            result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress)
+            result = run_bench(
+                pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress
+            )
             if cost.measured.get("disturbed"):
-                err.print(f"specrun: the machine was busy while measuring ({cost.measured['disturbed']}): the curve is not stored", style="yellow")
+                err.print(
+                    f"specrun: the machine was busy while measuring ({cost.measured['disturbed']}): the curve is not stored", style="yellow"
+                )
             store.save(pair.cost_key, Learned(cost))
         finally:
             pair.close()
@@ -130,14 +154,24 @@ def to_markdown(result: BenchResult) -> str:
     out.append("| cost | " + " | ".join(f"{v:.2f}" for v in cm["verify_relative"].values()) + " |")
     out.append("")
     if cm["perfect_drafter_speedup"]:
-        out.append(f"Ceiling: a perfect drafter, verifying the curve's best batch every round, would run {cm['perfect_drafter_speedup']:.2f}x plain.")
+        out.append(
+            f"Ceiling: a perfect drafter, verifying the curve's best batch every round, would run {cm['perfect_drafter_speedup']:.2f}x plain."
+        )
         out.append("")
-    out.append(f"Draft model cost per token: {cm['draft_relative']} of a target token." if cm["draft_relative"] else "Draft model cost per token: not measured.")
+    out.append(
+        f"Draft model cost per token: {cm['draft_relative']} of a target token."
+        if cm["draft_relative"]
+        else "Draft model cost per token: not measured."
+    )
     out.append("")
     out.append("| mode | predicted speedup | measured speedup |")
     out.append("|---|---|---|")
     for m, v in data["predicted_vs_measured"].items():
-        out.append(f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |" if v["measured"] is not None else f"| {m} | {v['predicted']:.2f}x | - |")
+        out.append(
+            f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |"
+            if v["measured"] is not None
+            else f"| {m} | {v['predicted']:.2f}x | - |"
+        )
     out.append("")
     out.append(f"**Verdict:** {data['verdict']}")
     return "\n".join(out)
@@ -150,7 +184,17 @@ def tables(result: BenchResult):
         t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
     for cls, mode, s, pos in _summary_rows(result, data):
         lo, hi = s["speedup_ci95"]
-        t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{lo:.2f}-{hi:.2f}", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos)
+        t.add_row(
+            cls,
+            mode,
+            f"{s['tps_mean']:.1f}",
+            f"{s['tps_stdev']:.1f}",
+            f"{s['speedup']:.2f}x",
+            f"{lo:.2f}-{hi:.2f}",
+            f"{100 * s['acceptance_rate']:.0f}%",
+            f"{s['mean_accept_len']:.2f}",
+            pos,
+        )
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
     for b in data["cost_model"]["verify_relative"]:
@@ -166,7 +210,14 @@ def tables(result: BenchResult):
 
     ceiling = data["cost_model"]["perfect_drafter_speedup"]
     notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
-    return [t, cost, *notes, Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"), pv, Text(f"verdict: {data['verdict']}", style="bold")]
+    return [
+        t,
+        cost,
+        *notes,
+        Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"),
+        pv,
+        Text(f"verdict: {data['verdict']}", style="bold"),
+    ]
 
 
 __all__ = ["register", "to_markdown", "BASELINE"]

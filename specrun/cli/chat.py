@@ -42,7 +42,11 @@ def register(app: typer.Typer) -> None:
         system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
         n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per reply.", min=1)] = 1024,
         show_drafts: Annotated[
-            bool, typer.Option("--show-drafts/--no-show-drafts", help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).")
+            bool,
+            typer.Option(
+                "--show-drafts/--no-show-drafts",
+                help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).",
+            ),
         ] = True,
     ) -> int:
         """Chat with a model, speculatively. Replies stream with a live line showing tokens/s,
@@ -143,7 +147,12 @@ class Repl:
         if self.interactive:
             self._watch_sigterm()
         if self.interactive:
-            self.err.print(f"specrun chat: {self.pair.target_info.name}" + (f" + {self.pair.draft_info.name}" if self.pair.draft_info else "") + ". /help for commands, Ctrl-D to leave.", style="dim")
+            self.err.print(
+                f"specrun chat: {self.pair.target_info.name}"
+                + (f" + {self.pair.draft_info.name}" if self.pair.draft_info else "")
+                + ". /help for commands, Ctrl-D to leave.",
+                style="dim",
+            )
         with SignalStop() as sig:
             self.sig = sig
             # Ctrl-C outside a reply is a KeyboardInterrupt (cancel the line), not a stop flag
@@ -215,7 +224,10 @@ class Repl:
             if stats is None:
                 return
             if stats.finish_reason == "context":
-                self.err.print(f"(the context is full at {target.n_ctx} tokens: the reply was cut. /reset starts a new conversation, or restart with a larger -c)", style="yellow")
+                self.err.print(
+                    f"(the context is full at {target.n_ctx} tokens: the reply was cut. /reset starts a new conversation, or restart with a larger -c)",
+                    style="yellow",
+                )
             self.err.print(summary_line(stats), style="dim", soft_wrap=True)
         finally:
             signal.signal(signal.SIGINT, old)

@@ -22,7 +22,12 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Option("-m", "--model", help="Target: a registry name, alias or .gguf path.")],
         draft: Annotated[
             Optional[str],
-            typer.Option("-d", "--draft-model", help="Draft: a registry name, alias, store reference or .gguf path; without it, list every known file that can draft (as `specrun drafts`).", show_default=False),
+            typer.Option(
+                "-d",
+                "--draft-model",
+                help="Draft: a registry name, alias, store reference or .gguf path; without it, list every known file that can draft (as `specrun drafts`).",
+                show_default=False,
+            ),
         ] = None,
         registry: RegistryOpt = None,
         json_out: JsonOpt = False,

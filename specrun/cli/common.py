@@ -25,7 +25,11 @@ __all__ = [
 
 RegistryOpt = Annotated[
     Optional[Path],
-    typer.Option("--registry", help="A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).", show_default=False),
+    typer.Option(
+        "--registry",
+        help="A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).",
+        show_default=False,
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 

@@ -14,8 +14,14 @@ from .common import JsonOpt, print_json, stdout
 def register(app: typer.Typer) -> None:
     @app.command("costs")
     def costs(
-        key: Annotated[Optional[str], typer.Option("--key", help="Only the entries whose key contains this (a model file name, say).", show_default=False)] = None,
-        reset: Annotated[bool, typer.Option("--reset", help="Forget the entries shown: the next run measures afresh and starts its statistics from priors.")] = False,
+        key: Annotated[
+            Optional[str],
+            typer.Option("--key", help="Only the entries whose key contains this (a model file name, say).", show_default=False),
+        ] = None,
+        reset: Annotated[
+            bool,
+            typer.Option("--reset", help="Forget the entries shown: the next run measures afresh and starts its statistics from priors."),
+        ] = False,
         json_out: JsonOpt = False,
     ) -> int:
         """Show the stored verify curves (seconds per batch size, relative to one token), when
