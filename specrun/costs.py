@@ -81,9 +81,25 @@ class CostModel:
     catch_up_per_token: float | None = None  # the draft model evaluating a stretch it missed, per token
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
+    # estimates already worked out for the curve as it stands (a plan asks for dozens of them)
+    _memo: dict[tuple[str, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _memo_key: tuple = field(default=(), init=False, repr=False, compare=False)
+    _version: int = field(default=0, init=False, repr=False, compare=False)
+
+    def _memoised(self, kind: str, b: int, work: Callable[[int], float]) -> float:
+        key = (id(self.verify), len(self.verify), id(self.seen), len(self.seen), self._version)
+        if key != self._memo_key:
+            self._memo, self._memo_key = {}, key
+        got = self._memo.get((kind, b))
+        if got is None:
+            got = self._memo[(kind, b)] = work(b)
+        return got
 
     def verify_cost(self, b: int) -> float:
         """The current estimate of c(b)."""
+        return self._memoised("c", b, self._estimate)
+
+    def _estimate(self, b: int) -> float:
         if b in self.seen:
             return self.seen[b]
         ref = _interp(self.verify, b)
@@ -113,6 +129,9 @@ class CostModel:
     def optimistic(self, b: int) -> float:
         """The least c(b) could be: its estimate if verified in this process, else no less
         than the largest smaller batch that was."""
+        return self._memoised("o", b, self._optimistic)
+
+    def _optimistic(self, b: int) -> float:
         if b in self.seen:
             return self.seen[b]
         below = [s for s in self.seen if s < b]
@@ -124,6 +143,7 @@ class CostModel:
 
     def observe_verify(self, b: int, seconds: float) -> None:
         old = self.verify_cost(b)
+        self._version += 1
         if seconds < old:  # noise only adds time: a quicker round is real (the first in this process, wholly)
             self.seen[b] = seconds if b not in self.seen else old + FAST * (seconds - old)
         else:  # one slow round (a page fault, another process) moves the estimate a bounded step
@@ -162,6 +182,7 @@ class CostModel:
         """Take a fresh calibration as the reference (its sizes count as verified in this process)."""
         self.verify = dict(calibrated.verify)
         self.seen = dict(calibrated.verify)
+        self._version += 1
         self.provisional, self.measured = calibrated.provisional, dict(calibrated.measured)
         if calibrated.draft_per_token is not None:
             self.draft_per_token = calibrated.draft_per_token

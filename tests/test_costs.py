@@ -174,7 +174,7 @@ def test_healing_through_the_engine_on_the_tiny_models(tiny, tmp_path):
         fresh_engine, fresh = run(CostModel())
         truth = fresh_engine.cost.curve()
         want = max(fresh.draft_lengths)
-        assert want >= 8, fresh.draft_lengths  # the run is copy-friendly: long drafts pay on a fresh curve
+        assert want >= 6, fresh.draft_lengths  # copy-friendly: on a fresh curve it drafts into the sizes poisoned below
         store = CostStore(tmp_path / "costs.json")
         store.save("pair", Learned(CostModel({b: v * 8 if b >= 6 else v for b, v in truth.items()})))
         poisoned = store.load("pair").cost
