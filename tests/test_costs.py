@@ -173,14 +173,15 @@ def test_healing_through_the_engine_on_the_tiny_models(tiny, tmp_path):
 
         fresh_engine, fresh = run(CostModel())
         truth = fresh_engine.cost.curve()
-        want = max(fresh.draft_lengths)
-        assert want >= 6, fresh.draft_lengths  # copy-friendly: on a fresh curve it drafts into the sizes poisoned below
         store = CostStore(tmp_path / "costs.json")
         store.save("pair", Learned(CostModel({b: v * 8 if b >= 6 else v for b, v in truth.items()})))
         poisoned = store.load("pair").cost
         assert poisoned.verify_cost(16) == pytest.approx(8 * truth[16])
         engine, stats = run(poisoned)
-        assert max(stats.draft_lengths) >= want, stats.draft_lengths
+        # on the tiny models a copy costs next to nothing to verify: a healed curve drafts into the
+        # poisoned sizes (>= 6), which the stored curve prices at 8x (timing-free: the fresh run's
+        # own longest draft varies with the machine's noise, so it is not the yardstick here)
+        assert max(stats.draft_lengths) >= 6, stats.draft_lengths
         store.save("pair", engine.learned())
         healed = store.load("pair").cost.verify
         assert healed[16] < 3 * truth[16]  # no longer the poisoned value (8x)
