@@ -5,6 +5,10 @@
 #   scripts/compare-llama-cpp.sh --runs 3       # three runs of each tool, alternated A B A B ...
 #   scripts/compare-llama-cpp.sh --plain        # also measure plain decoding of the target (llama-bench)
 #   scripts/compare-llama-cpp.sh --build-only   # only build llama.cpp's tools, run nothing
+#   scripts/compare-llama-cpp.sh --ngram        # specrun's default mode against every llama.cpp n-gram type
+#                                               # (ngram-simple, -map-k, -map-k4v, -mod, -cache) on the bench's
+#                                               # code-edit and summarise prompts, RUNS (default 3) runs each,
+#                                               # alternated, medians (scripts/tools/compare_ngram.py)
 #
 # llama.cpp is built from the llama-cpp-python sdist of the version installed in specrun's venv
 # (vendor/llama.cpp), so both tools run the same kernels. The build (several minutes, once) goes to
@@ -26,6 +30,7 @@ cores() {
   getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 4
 }
 THREADS="${THREADS:-$(cores)}"
+RUNS_SET="${RUNS:-}"  # --ngram defaults to 3 runs unless RUNS or --runs says
 RUNS="${RUNS:-2}"
 N_PREDICT="${N_PREDICT:-128}"
 DRAFT_MAX="${DRAFT_MAX:-4}"
@@ -35,13 +40,15 @@ PROMPT=$'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|
 
 build_only=0
 plain=0
+ngram=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-only) build_only=1 ;;
     --plain) plain=1 ;;
-    --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; shift ;;
-    --runs=*) RUNS=${1#--runs=} ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ngram) ngram=1 ;;
+    --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; RUNS_SET=$2; shift ;;
+    --runs=*) RUNS=${1#--runs=}; RUNS_SET=$RUNS ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -101,6 +108,11 @@ build_llama_cpp() {
   # Server, app and tests are off: llama-cli needs the whole server in recent versions and is optional.
   local args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+  # Without AMX kernels, as scripts/install.sh builds specrun's llama.cpp (they fault in some VMs),
+  # so both tools run the same kernels.
+  if [[ "$(uname -m)" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
+    args+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  fi
   # CUDA needs both the toolkit (nvcc) to build and a GPU (nvidia-smi) to run; nvcc alone is a build box.
   if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1; then
     args+=(-DGGML_CUDA=on); echo "nvcc and nvidia-smi found: building with CUDA"
@@ -136,6 +148,12 @@ else
   build_llama_cpp
 fi
 [[ $build_only == 1 ]] && exit 0
+
+if [[ $ngram == 1 ]]; then
+  [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
+  exec "$venv_python" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$TARGET_GGUF" --draft "$DRAFT_GGUF" \
+    --runs "${RUNS_SET:-3}" -t "$THREADS"
+fi
 
 # --- models --------------------------------------------------------------------------------------
 for f in "$TARGET_GGUF" "$DRAFT_GGUF"; do

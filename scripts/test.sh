@@ -28,7 +28,7 @@ bin="$repo/.venv/bin"
 echo "ruff check, ruff format --check, lint-imports, mypy"
 "$bin/ruff" check --quiet specrun tests scripts
 "$bin/ruff" format --check --quiet specrun tests scripts
-"$bin/lint-imports" --config "$repo/pyproject.toml" >/dev/null || "$bin/lint-imports" --config "$repo/pyproject.toml"
+"$bin/lint-imports" "$repo/pyproject.toml" >/dev/null || "$bin/lint-imports" "$repo/pyproject.toml"
 "$bin/mypy"
 
 exec "$bin/python" -m pytest -q -p no:cacheprovider "$@"

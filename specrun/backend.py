@@ -64,6 +64,8 @@ _batches_live = [0]  # llama_batch_init minus llama_batch_free, for leak checks
 
 def live_batches() -> int:
     return _batches_live[0]
+
+
 _init_lock = threading.Lock()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from importlib import resources
@@ -92,6 +93,7 @@ class ModeSummary:
     mode: str
     tps: list[float] = field(default_factory=list)
     speedups: list[float] = field(default_factory=list)  # per (prompt, run): mode tps / plain tps
+    by_prompt: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # the same, grouped by prompt
     drafted: int = 0
     accepted: int = 0
     drafted_rounds: int = 0
@@ -121,6 +123,7 @@ class ModeSummary:
             "tps_max": round(max(self.tps), 3) if self.tps else 0.0,
             "speedup": round(geomean(self.speedups), 4) if self.speedups else 1.0,
             "speedup_min": round(min(self.speedups), 4) if self.speedups else 1.0,
+            "speedup_ci95": [round(x, 4) for x in ci95([geomean(v) for v in self.by_prompt.values()])],
             "drafted": self.drafted,  # 0: the mode never drafted, so its acceptance says nothing
             "accepted": self.accepted,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
@@ -129,6 +132,24 @@ class ModeSummary:
             "identical_to_plain": self.identical,
             "n": len(self.tps),
         }
+
+
+# Student's t, two-sided 95%, by degrees of freedom (1..30); 1.96 beyond
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10, 2.09, 2.09,
+        2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)  # fmt: skip
+
+
+def ci95(ratios: list[float]) -> tuple[float, float]:
+    """A 95% interval for the geometric mean of ``ratios`` (t over their logs): each prompt's
+    speedup is one observation, so the interval covers the class, not one prompt's noise."""
+    xs = [math.log(r) for r in ratios if r > 0]
+    if len(xs) < 2:
+        g = math.exp(xs[0]) if xs else 1.0
+        return g, g
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    t = _T95[len(xs) - 2] if len(xs) - 1 <= len(_T95) else 1.96
+    half = t * sd / math.sqrt(len(xs))
+    return math.exp(m - half), math.exp(m + half)
 
 
 def geomean(xs: list[float]) -> float:
@@ -160,6 +181,7 @@ class BenchResult:
                 base = plain.get((s.cls, s.prompt_index, s.run))
                 if base is not None and base.stats.generation_tps > 0:
                     m.speedups.append(s.stats.generation_tps / base.stats.generation_tps)
+                    m.by_prompt.setdefault((s.cls, s.prompt_index), []).append(m.speedups[-1])
                     if s.tokens != base.tokens:
                         m.identical = False
         return out
@@ -183,7 +205,11 @@ class BenchResult:
         best = max((m for m in overall.values()), key=lambda m: geomean(m.speedups) if m.speedups else 1.0, default=None)
         if best is None or best.mode == BASELINE or geomean(best.speedups) < 1.03:
             return "use --draft none: no mode beat plain decoding by more than noise on this machine"
-        per_class = {c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode for c, ms in self.summaries().items() if c != "overall"}
+        per_class = {
+            c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode
+            for c, ms in self.summaries().items()
+            if c != "overall"
+        }
         classes = ", ".join(f"{c}: {m}" for c, m in sorted(per_class.items()))
         return f"use --draft {best.mode} ({geomean(best.speedups):.2f}x plain overall); best per class: {classes}"
 
@@ -191,22 +217,24 @@ class BenchResult:
         sums = self.summaries()
         overall = sums.get("overall", {})
         c1 = self.cost.verify_cost(1)
+        curve = self.cost.curve()
         return {
             "meta": self.meta,
             "modes": self.modes,
             "classes": {c: {m: s.to_json() for m, s in ms.items()} for c, ms in sums.items()},
             "verdict": self.verdict(),
             "cost_model": {
-                "verify_s_by_batch": {str(b): round(v, 6) for b, v in sorted(self.cost.verify.items())},
-                "verify_relative": {str(b): round(v / c1, 3) for b, v in sorted(self.cost.verify.items())},
+                "verify_s_by_batch": {str(b): round(v, 6) for b, v in curve.items()},
+                "verify_relative": {str(b): round(v / c1, 3) for b, v in curve.items()},
                 "draft_s_per_token": self.cost.draft_per_token,
                 "draft_relative": round(self.cost.draft_per_token / c1, 3) if self.cost.draft_per_token else None,
                 # a perfect drafter: every round verifies the batch with the best tokens per second
-                "perfect_drafter_speedup": round(max(b * c1 / v for b, v in self.cost.verify.items()), 3) if self.cost.verify else None,
+                "perfect_drafter_speedup": round(max(b * c1 / v for b, v in curve.items()), 3) if curve else None,
             },
             "predicted_vs_measured": {
                 m: {"predicted": round(self.predicted_speedup(m), 3), "measured": overall[m].to_json()["speedup"] if m in overall else None}
-                for m in self.modes if m != BASELINE
+                for m in self.modes
+                if m != BASELINE
             },
         }
 

@@ -57,7 +57,7 @@ class ChatSession:
         target = self.engine.target
         if self.past_tokens and text.startswith(self.past_text):
             # the conversation so far is unchanged: keep its tokens, tokenize only the new text
-            return text, self.past_tokens + target.tokenize(text[len(self.past_text):], add_special=False, parse_special=True)
+            return text, self.past_tokens + target.tokenize(text[len(self.past_text) :], add_special=False, parse_special=True)
         bos = self.template.bos_token
         add = self.add_special and not (bos and text.startswith(bos))
         return text, target.tokenize(text, add_special=add, parse_special=True)

@@ -14,13 +14,41 @@ does not enforce it either, and fine-tunes often relabel it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from .modelinfo import ModelInfo
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_ID = 5
 MAX_DIFFS_SHOWN = 3
+
+
+class VocabFacts(Protocol):
+    """What the rules read: a ModelInfo, or a cached summary of one (specrun.catalog)."""
+
+    @property
+    def tokenizer_model(self) -> str: ...
+    @property
+    def tokenizer_pre(self) -> str | None: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def eos_id(self) -> int | None: ...
+    @property
+    def eot_id(self) -> int | None: ...
+    @property
+    def pad_id(self) -> int | None: ...
+    @property
+    def add_bos(self) -> bool | None: ...
+    @property
+    def add_eos(self) -> bool | None: ...
+
+
+TokenDiffs = Callable[[Any, Any], list[tuple[int, str, str]]]
 
 
 @dataclass
@@ -53,7 +81,7 @@ class Compatibility:
         return {"compatible": self.compatible, "checks": [asdict(c) for c in self.checks]}
 
 
-def first_token_differences(t: ModelInfo, d: ModelInfo, limit: int = MAX_DIFFS_SHOWN):
+def first_token_differences(t: ModelInfo, d: ModelInfo, limit: int = MAX_DIFFS_SHOWN) -> list[tuple[int, str, str]]:
     """The first ``limit`` ids >= 5 whose texts differ, as (id, target_text, draft_text)."""
     n = min(t.n_vocab, d.n_vocab)
     start = VOCAB_CHECK_START_ID
@@ -73,7 +101,10 @@ def first_token_differences(t: ModelInfo, d: ModelInfo, limit: int = MAX_DIFFS_S
     return diffs
 
 
-def check_vocab(t: ModelInfo, d: ModelInfo) -> Compatibility:
+def check_vocab(t: VocabFacts, d: VocabFacts, token_diffs: TokenDiffs = first_token_differences) -> Compatibility:
+    """Every rule, target ``t`` against draft ``d``. ``token_diffs`` finds the first differing
+    token texts; a caller holding cached fingerprints passes one that reads no file when
+    they already agree."""
     out = Compatibility()
 
     def add(name, tv, dv, detail_if_bad="", enforced=True):
@@ -99,7 +130,7 @@ def check_vocab(t: ModelInfo, d: ModelInfo) -> Compatibility:
         )
     )
     if t.tokenizer_model == d.tokenizer_model:
-        diffs = first_token_differences(t, d)
+        diffs = token_diffs(t, d)
         detail = ", ".join(f"id {i}: {a!r} vs {b!r}" for i, a, b in diffs)
         n = min(t.n_vocab, d.n_vocab)
         out.checks.append(
@@ -112,9 +143,7 @@ def check_vocab(t: ModelInfo, d: ModelInfo) -> Compatibility:
             )
         )
     else:
-        out.checks.append(
-            Check("token texts", False, "-", "-", "not comparable across tokenizer models")
-        )
+        out.checks.append(Check("token texts", False, "-", "-", "not comparable across tokenizer models"))
     for label, tv, dv in (
         ("BOS id", t.bos_id, d.bos_id),
         ("EOS id", t.eos_id, d.eos_id),

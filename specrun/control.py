@@ -43,20 +43,23 @@ catch up; on a GPU it easily can.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import time
 from bisect import bisect_right
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .costs import CALIBRATION_SIZES, CostModel, CostStore, Learned, calibrate, now
+
+__all__ = ["CALIBRATION_SIZES", "Controller", "CopyModel", "CostModel", "CostStore", "Learned", "Plan", "calibrate", "now"]
 
 if TYPE_CHECKING:
     from .stats import RunStats
 
 EWMA = 0.15
 TIE_EWMA = 0.05
+EXPLORE_SHARE = 0.01  # exploration may cost at most this share of the time spent
+EXPLORE_GAP = 8  # rounds between explorations, at least
 OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
@@ -65,6 +68,7 @@ COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the cop
 # (0 and 1: a copy just past an edit the n-gram drafter learned)
 COPY_DECAY = 0.99  # per observation: a bin remembers its last ~100 tokens
 COPY_PRIOR_WEIGHT = 4.0  # the prior counts as this many observations
+PERSISTED_WEIGHT = 8.0  # a stored bin counts as at most this many observations in a new run
 
 
 @dataclass(frozen=True)
@@ -72,90 +76,8 @@ class Plan:
     source: str  # "model", "ngram" or "none"
     k: int
     p_split: float = 0.0
-    probe: bool = False
-
-
-@dataclass
-class CostModel:
-    """Seconds per target decode by batch size, and per draft-model token."""
-
-    verify: dict[int, float] = field(default_factory=dict)
-    draft_per_token: float | None = None
-
-    def verify_cost(self, b: int) -> float:
-        """Measured, or linearly interpolated between measured sizes; beyond the ends, in
-        proportion to the batch (cost per token as at the nearest measured size)."""
-        if b in self.verify:
-            return self.verify[b]
-        sizes = sorted(self.verify)
-        if not sizes:
-            return float(b)  # no data at all: assume cost grows with the batch
-        if b <= sizes[0]:
-            return self.verify[sizes[0]] * b / sizes[0]
-        if b >= sizes[-1]:
-            return self.verify[sizes[-1]] * b / sizes[-1]
-        for lo, hi in zip(sizes, sizes[1:]):
-            if lo < b < hi:
-                w = (b - lo) / (hi - lo)
-                return self.verify[lo] * (1 - w) + self.verify[hi] * w
-        return self.verify[sizes[-1]]  # pragma: no cover
-
-    def observe_verify(self, b: int, seconds: float) -> None:
-        old = self.verify.get(b)
-        if old is None:
-            # a size never measured: start from the curve, not from one noisy sample
-            old = self.verify_cost(b) if self.verify else seconds
-        # one slow round (a page fault, another process) moves the estimate by a bounded step
-        seconds = min(seconds, 2.0 * old)
-        self.verify[b] = old + EWMA * (seconds - old)
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens <= 0:
-            return
-        per = seconds / n_tokens
-        old = self.draft_per_token
-        self.draft_per_token = per if old is None else old + EWMA * (per - old)
-
-    def to_json(self) -> dict:
-        return {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_per_token": self.draft_per_token}
-
-    @classmethod
-    def from_json(cls, d: dict) -> CostModel:
-        return cls({int(k): float(v) for k, v in d.get("verify", {}).items()}, d.get("draft_per_token"))
-
-
-class CostStore:
-    """Cost models kept between runs in a JSON file, keyed by model, threads and placement."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def load(self, key: str) -> CostModel | None:
-        if not self.path or not self.path.exists():
-            return None
-        try:
-            d = json.loads(self.path.read_text()).get(key)
-            return CostModel.from_json(d) if d else None
-        except (OSError, ValueError, AttributeError):
-            return None  # a damaged cache is just a cold start
-
-    def save(self, key: str, cost: CostModel) -> None:
-        if not self.path:
-            return
-        try:
-            data = json.loads(self.path.read_text()) if self.path.exists() else {}
-            if not isinstance(data, dict):
-                data = {}
-        except (OSError, ValueError):
-            data = {}
-        data[key] = cost.to_json()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass
+    probe: bool = False  # a short try of the idle draft model
+    explore: bool = False  # a longer draft than the estimates favour, to check an unverified size
 
 
 class CopyModel:
@@ -165,7 +87,7 @@ class CopyModel:
     match is weak evidence, a long one strong) until the bin has data of its own.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hits = [0.0] * len(COPY_BINS)
         self.total = [0.0] * len(COPY_BINS)
 
@@ -194,6 +116,28 @@ class CopyModel:
             if x != y:
                 break
 
+    def to_json(self) -> dict:
+        return {"bins": list(COPY_BINS), "hits": [round(h, 3) for h in self.hits], "total": [round(t, 3) for t in self.total]}
+
+    @classmethod
+    def from_json(cls, d: dict | None, keep: float = PERSISTED_WEIGHT) -> CopyModel:
+        """A stored model as a prior: each bin keeps its rate but counts as at most ``keep``
+        observations, so a new run (another kind of text, say) soon outweighs it; anything
+        malformed is a fresh model."""
+        m = cls()
+        try:
+            if d is None or list(d["bins"]) != list(COPY_BINS):
+                return m
+            hits, total = [float(x) for x in d["hits"]], [float(x) for x in d["total"]]
+        except (KeyError, TypeError, ValueError):
+            return m
+        cap = 1.0 / (1.0 - COPY_DECAY)  # what a bin can hold at most
+        if len(hits) == len(total) == len(COPY_BINS) and all(0 <= h <= t <= cap + 1e-6 for h, t in zip(hits, total)):
+            scale = [min(1.0, keep / t) if t > 0 else 0.0 for t in total]
+            m.hits = [h * f for h, f in zip(hits, scale)]
+            m.total = [t * f for t, f in zip(total, scale)]
+        return m
+
 
 def expected_tokens(acc: list[float], k: int) -> float:
     total, reach = 1.0, 1.0
@@ -213,6 +157,8 @@ class Controller:
         p_split: float,
         fixed: bool,
         cost: CostModel,
+        copy: CopyModel | None = None,
+        tie_rate: float = 0.0,
     ):
         self.sources = sources  # drafters available, in preference order for fixed mode
         self.draft_min = draft_min
@@ -222,12 +168,15 @@ class Controller:
         self.p_split = p_split
         self.acc = [0.7] * draft_max  # the draft model's a_j, by position
         self.seen = [0] * draft_max  # observations per position
-        self.copy = CopyModel()  # the n-gram source's a_j, by copy length
+        self.copy = copy or CopyModel()  # the n-gram source's a_j, by copy length
         self.conf_acc = [0.5 + 0.05 * i for i in range(CONF_BINS)]  # acceptance by confidence bin
-        self.tie_rate = 0.0  # how often a position is a near-tie (greedy with a tie margin)
+        self.tie_rate = tie_rate  # how often a position is a near-tie (greedy with a tie margin)
         self.offer_rate = 1.0  # how often the n-gram lookup has a copy on offer
         self.idle = 0  # rounds since the draft model was last run
         self.probe_every = PROBE_MIN
+        self.elapsed = 0.0  # seconds of drafting and verifying observed
+        self.explore_loss = 0.0  # seconds exploration cost beyond plain decoding (negative: it paid)
+        self.since_explore = EXPLORE_GAP
 
     # --- planning ------------------------------------------------------------------
 
@@ -237,13 +186,18 @@ class Controller:
         d = self.cost.draft_per_token
         return d if d is not None else 0.5 * self.cost.verify_cost(1)
 
-    def best_k(self, acc: list[float], d: float, k_max: int) -> tuple[int, float]:
+    def best_k(
+        self, acc: list[float], d: float, k_max: int, c: Callable[[int], float] | None = None, once: float = 0.0
+    ) -> tuple[int, float]:
         """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate,
-        for per-position acceptance ``acc`` and draft cost ``d`` per token.
+        for per-position acceptance ``acc``, draft cost ``d`` per token, verify costs ``c``
+        (the current estimates unless given) and a one-off cost ``once`` (catching the draft
+        model's cache up).
 
         A near-tie (greedy, see the engine) stops a round where it falls and costs the round
         its last token, so each drafted position is usable with probability ``a_j (1 - tie)``
         and the target's own token comes with probability ``1 - tie``."""
+        c = c or self.cost.verify_cost
         best_k, best_rate = 0, 1.0 / self.cost.verify_cost(1)
         usable = 1.0 - self.tie_rate
         total, reach = usable, 1.0
@@ -252,7 +206,7 @@ class Controller:
             total += reach
             if k < self.draft_min:
                 continue
-            rate = total / (self.cost.verify_cost(k + 1) + k * d)
+            rate = total / (c(k + 1) + k * d + once)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -266,11 +220,12 @@ class Controller:
             out.append(last)
         return out
 
-    def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None) -> Plan:
+    def plan(self, ngram_available: int = 0, ngram_match: int = 0, room: int | None = None, model_lag: int = 0) -> Plan:
         """Choose the next round. ``ngram_available``: length of the n-gram proposal on offer,
         ``ngram_match``: how many tokens its copy has already matched; ``room``: how many
-        draft tokens the context and the token budget still allow. Planning changes nothing:
-        only ``observe*`` learn."""
+        draft tokens the context and the token budget still allow; ``model_lag``: how many
+        tokens the draft model's cache must catch up before it can draft (after a stretch of
+        n-gram or plain rounds). Planning changes nothing: only ``observe*`` learn."""
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
@@ -283,19 +238,31 @@ class Controller:
             return Plan(s, lengths[s], self.p_split if s == "model" else 0.0)
 
         best, best_rate = Plan("none", 0), 1.0 / self.cost.verify_cost(1)
+        explore, explore_rate = None, best_rate
+        catch_up = self.cost.catch_up_cost(model_lag)
         for s in usable:
-            if s == "ngram":
-                k, rate = self.best_k(self.copy.acceptance(ngram_match, lengths[s]), 0.0, lengths[s])
-            else:
-                k, rate = self.best_k(self.acceptance(), self._draft_cost(s), lengths[s])
+            acc = self.copy.acceptance(ngram_match, lengths[s]) if s == "ngram" else self.acceptance()
+            d, once = self._draft_cost(s), catch_up if s == "model" else 0.0
+            k, rate = self.best_k(acc, d, lengths[s], once=once)
             if k and rate > best_rate:
                 best, best_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate
-        if "model" in usable and best.source != "model" and self.idle >= self.probe_every:
+            # what if the sizes not verified in this process cost no more than smaller ones that were?
+            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once)
+            if k and self.cost.unseen(k + 1) and rate > explore_rate:
+                explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
+        if explore is not None and explore_rate > best_rate and self.may_explore():
+            return explore
+        if "model" in usable and best.source != "model" and self.idle >= self.probe_every and catch_up <= 2 * self.cost.verify_cost(1):
             # the draft model has not been run for a while: try a short draft, in case
-            # things changed (the n-gram source needs no probing: it is scored every round)
+            # things changed (the n-gram source needs no probing: it is scored every round);
+            # not while its cache lags far behind: catching it up would cost more than the try
             k = min(lengths["model"], max(self.draft_min, 2))
             best = Plan("model", k, self._p_split(k), probe=True)
         return best
+
+    def may_explore(self) -> bool:
+        """Exploring costs at most EXPLORE_SHARE of the time spent (beyond the first try)."""
+        return self.since_explore >= EXPLORE_GAP and self.explore_loss <= EXPLORE_SHARE * self.elapsed
 
     def model_can_pay(self, k_max: int) -> bool:
         """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
@@ -324,10 +291,19 @@ class Controller:
         draft_s: float,
         confidences: list[float] | None = None,
         tie_stop: bool = False,
+        caught_up: tuple[int, float] = (0, 0.0),
     ) -> None:
-        """``tie_stop``: the round stopped at a near-tie, not at a rejection (the tie rate
-        accounts for that, so the position is not counted against the draft)."""
+        """``draft_s`` leaves out catching the draft model's cache up, which ``caught_up``
+        gives as (tokens, seconds). ``tie_stop``: the round stopped at a near-tie, not at a
+        rejection (the tie rate accounts for that, so the position is not counted against the
+        draft)."""
         self.cost.observe_verify(drafted + 1, verify_s)
+        self.cost.observe_catch_up(*caught_up)
+        self.elapsed += verify_s + draft_s
+        self.since_explore += 1
+        if plan.explore:  # what it cost beyond decoding the same tokens plainly
+            self.explore_loss += verify_s + draft_s - (accepted + 1) * self.cost.verify_cost(1)
+            self.since_explore = 0
         self.idle = 0 if plan.source == "model" else self.idle + 1
         if plan.probe:  # the next probe waits longer, unless this one pays (below)
             self.probe_every = min(PROBE_MAX, self.probe_every * 2)
@@ -376,28 +352,20 @@ class Controller:
             else:
                 why.append(f"n-gram: copies on offer rarely go on (a fresh match continues {self.copy.p(2):.0%} of the time)")
         if "model" in self.sources:
-            c1, k = self.cost.verify_cost(1), 4
+            c1, d = self.cost.verify_cost(1), self._draft_cost("model")
             if not self.model_can_pay(self.draft_max):
-                cost = (self.cost.verify_cost(k + 1) + k * self._draft_cost("model")) / c1
+                optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc]
+                k = max(
+                    range(1, min(8, self.draft_max) + 1),
+                    key=lambda j: expected_tokens(optimistic, j) / (self.cost.verify_cost(j + 1) + j * d),
+                )
+                best = expected_tokens(optimistic, k) * c1 / (self.cost.verify_cost(k + 1) + k * d)
                 why.append(
-                    f"draft model idle: here verifying {k} tokens and drafting them costs {cost:.1f} plain steps, "
-                    f"so even {OPTIMISTIC_ACCEPTANCE:.0%} acceptance cannot pay"
+                    f"draft model idle: even at {OPTIMISTIC_ACCEPTANCE:.0%} acceptance its best draft would run {best:.2f}x plain here "
+                    f"(verifying {k + 1} tokens costs {self.cost.verify_cost(k + 1) / c1:.1f} plain steps, drafting {k} costs {k * d / c1:.1f})"
                 )
             else:
-                why.append(f"draft model idle: its drafts are accepted {self.acceptance()[0]:.0%} of the time at the first position, too rarely to pay")
+                why.append(
+                    f"draft model idle: its drafts are accepted {self.acceptance()[0]:.0%} of the time at the first position, too rarely to pay"
+                )
         return "; ".join(why) or None
-
-
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
-
-
-def calibrate(measure, sizes=CALIBRATION_SIZES, repeats: int = 3) -> CostModel:
-    """Build a cost model from ``measure(b) -> seconds`` for each batch size (best of repeats)."""
-    cost = CostModel()
-    for b in sizes:
-        cost.verify[b] = min(measure(b) for _ in range(repeats))
-    return cost
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -8,6 +8,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .catalog import Catalog
+from .discovery import DraftReport
 from .memory import Fit
 from .modelinfo import ModelInfo
 from .pair import PairReport
@@ -57,12 +59,18 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
         mem.add_column(col, justify="right" if col != "model" else "left")
     for m in r.fit.models:
         mem.add_row(
-            m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute),
-            human_bytes(m.total), human_bytes(m.on_devices), human_bytes(m.on_host),
+            m.role,
+            human_bytes(m.weights),
+            human_bytes(m.kv_cache),
+            human_bytes(m.compute),
+            human_bytes(m.total),
+            human_bytes(m.on_devices),
+            human_bytes(m.on_host),
         )
     parts = [
         Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
-        vocab, mem,
+        vocab,
+        mem,
     ]
     if r.placement is not None:
         parts.append(Text(f"Placement: {describe(r.placement)}"))
@@ -200,10 +208,74 @@ def models_table(rows: list[dict]) -> Table:
         if r.get("verified") is not None:
             status.append(" sha256 ok" if r["verified"] else " SHA256 MISMATCH", style="green" if r["verified"] else "bold red")
         t.add_row(
-            r["name"], ", ".join(r["aliases"]), status, human_bytes(r.get("size")) if r["present"] else "-",
-            r.get("architecture") or "-", r.get("quant") or "-", r.get("draft") or "-", r["path"],
+            r["name"],
+            ", ".join(r["aliases"]),
+            status,
+            human_bytes(r.get("size")) if r["present"] else "-",
+            r.get("architecture") or "-",
+            r.get("quant") or "-",
+            r.get("draft") or "-",
+            r["path"],
         )
     return t
+
+
+def scan_table(c: Catalog) -> Table:
+    """`specrun models --scan`: one row per GGUF file, with every name that reaches it
+    (the paths are in --json)."""
+    t = Table(title="GGUF files in the registry and the model stores", title_justify="left")
+    for col in ("reference", "size", "arch", "quant", "vocab", "fingerprint"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("size", "vocab") else "left")
+    for k in c.models:
+        s = k.summary
+        refs = "\n".join(k.refs)
+        if s is None:
+            t.add_row(refs, "-", Text("unreadable", style="red"), "-", "-", k.error or "")
+            continue
+        parts = f" ({k.parts} parts)" if k.parts > 1 else ""
+        t.add_row(refs, human_bytes(s.size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", s.fingerprint[:12])
+    return t
+
+
+def drafts_table(r: DraftReport) -> Group:
+    """`specrun drafts`: the compatible drafts, ranked, and why every other file cannot draft."""
+    t = r.target
+    head = Text(
+        f"Drafts for {r.target_label}: {t.name} ({t.architecture}, {human_count(t.n_params)} params, "
+        f"{human_bytes(t.weights_bytes)} weights, {t.n_vocab} tokens)"
+    )
+    parts: list = [head]
+    if r.drafts:
+        ok = Table(title=f"Can draft (most useful first; memory at -c {r.n_ctx})", title_justify="left")
+        for col in ("#", "model", "arch", "quant", "weights", "vs target", "memory"):
+            ok.add_column(col, overflow="fold", justify="right" if col in ("#", "weights", "vs target", "memory") else "left")
+        for i, c in enumerate(r.drafts, 1):
+            s = c.summary
+            ok.add_row(
+                str(i),
+                "\n".join(c.known.refs),
+                s.architecture,
+                s.quant,
+                human_bytes(s.weights_bytes),
+                f"{c.size_ratio:.2f}x",
+                human_bytes(c.memory.total),
+            )
+        parts.append(ok)
+    else:
+        parts.append(Text("No known GGUF file can draft for it.", style="bold yellow"))
+    if r.cannot:
+        no = Table(title="Cannot draft", title_justify="left")
+        no.add_column("model", overflow="fold")
+        no.add_column("arch")
+        no.add_column("why", overflow="fold")
+        for c in r.cannot:
+            no.add_row("\n".join(c.known.refs), c.summary.architecture, c.reason)
+        parts.append(no)
+    for k in r.unreadable:
+        parts.append(Text(f"unreadable: {', '.join(k.refs)}: {k.error}", style="red"))
+    if r.no_tokenizer:
+        parts.append(Text(f"skipped (no tokenizer: projectors or the like): {', '.join(k.label for k in r.no_tokenizer)}", style="dim"))
+    return Group(*parts)
 
 
 def status_line(s: RunStats) -> Text:
@@ -241,8 +313,7 @@ def summary_line(s: RunStats, label: str = "") -> str:
         f"accepted {s.n_accepted}/{s.n_drafted} ({100 * s.acceptance_rate:.0f}%), "
         f"mean len {s.mean_accept_len:.2f}, {s.tokens_per_decode:.2f} tok/decode | "
         f"draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s | rounds: {src or '-'} | "
-        f"finish: {s.finish_reason or '-'}"
-        + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
+        f"finish: {s.finish_reason or '-'}" + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
     )
 
 
@@ -270,3 +341,65 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
         pos.add_row(str(i + 1), str(p), str(a), f"{100 * a / p:.0f}%" if p else "-")
     return Group(t, pos)
 
+
+def costs_table(path, entries: dict[str, dict]) -> Group:
+    """The stored costs and statistics, one table per entry."""
+    from .control import CopyModel
+
+    if not entries:
+        return Group(Text(f"nothing stored in {path} yet: the first generate, chat or bench on a pair measures it"))
+    parts = [Text(f"stored in {path}", style="dim")]
+    for key, e in sorted(entries.items()):
+        t = Table(title=key, title_justify="left", show_header=False)
+        t.add_column("k", style="bold")
+        t.add_column("v", overflow="fold")
+        cost = e.get("cost") or {}
+        verify = {int(b): v for b, v in (cost.get("verify") or {}).items()}
+        measured = cost.get("measured") or {}
+        c1 = verify.get(1)
+        if c1:
+            t.add_row("one token", f"{1e3 * c1:.2f} ms ({1 / c1:.1f} tok/s)")
+            t.add_row("verify b tokens (x one)", "  ".join(f"{b}: {v / c1:.2f}" for b, v in sorted(verify.items())))
+            dpt = cost.get("draft_per_token")
+            t.add_row("draft per token (x one)", f"{dpt / c1:.2f}" if dpt else "-")
+        else:
+            t.add_row("verify curve", "none stored")
+        if measured:
+            cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
+            t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
+        t.add_row("updated", str(e.get("updated", "-")))
+        copy = CopyModel.from_json(e.get("copy"), keep=float("inf")) if e.get("copy") else None
+        if copy is not None:
+            t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {copy.p(n):.0%}" for n in (2, 4, 8, 16, 32, 64)))
+        if e.get("tie_rate") is not None:
+            t.add_row("near-tie rate", f"{100 * e['tie_rate']:.1f}%")
+        parts.append(t)
+    return Group(*parts)
+
+
+def source_mix(s: RunStats) -> str:
+    """Rounds by draft source, as shares: "ngram 40% · model 35% · none 25%"."""
+    total = sum(v[0] for v in s.by_source.values())
+    if not total:
+        return "-"
+    parts = sorted(s.by_source.items(), key=lambda kv: -kv[1][0])
+    return " · ".join(f"{k} {100 * v[0] / total:.0f}%" for k, v in parts)
+
+
+def request_line(label: str, state: str, s: RunStats | None, waiting: int = 0) -> Text:
+    """One request on `specrun serve`'s terminal: speed, acceptance and where drafts came from."""
+    t = Text(style="dim" if state != "running" else "")
+    t.append(f"{label}  ", style="bold")
+    if s is None:
+        t.append(state)
+    else:
+        t.append(f"{s.n_generated} tok  ")
+        t.append(f"{s.generation_tps:.1f} tok/s", style="bold cyan")
+        t.append(f"  accept {100 * s.acceptance_rate:.0f}% ({s.n_accepted}/{s.n_drafted})")
+        t.append(f"  rounds {source_mix(s)}")
+        t.append(f"  prompt {s.n_prompt_tokens + s.n_cached_tokens} tok, {s.n_cached_tokens} cached")
+        if state != "running":
+            t.append(f"  [{s.finish_reason or state}]")
+    if waiting:
+        t.append(f"  ({waiting} waiting)", style="yellow")
+    return t

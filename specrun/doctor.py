@@ -104,7 +104,11 @@ def diagnose(gpu_query: GpuQuery | None = None, rpc_endpoints: tuple[str, ...] =
         elif apple:
             r.problems.append(f"llama_cpp was built without Metal on Apple Silicon; fix: {METAL_FIX}")
     if has_driver_tool and not gq.gpus:
-        fix = "install the NVIDIA driver on Windows (not inside WSL2) and update WSL" if wsl else "install or repair the NVIDIA driver, then check nvidia-smi"
+        fix = (
+            "install the NVIDIA driver on Windows (not inside WSL2) and update WSL"
+            if wsl
+            else "install or repair the NVIDIA driver, then check nvidia-smi"
+        )
         r.problems.append(f"nvidia-smi is installed but NVML found no GPU ({gq.problem}); fix: {fix}")
     if vm.available < 2 * 2**30:
         r.problems.append(f"only {vm.available / 2**30:.1f} GiB RAM available; fix: close other programs or use smaller models")

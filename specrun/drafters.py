@@ -29,12 +29,13 @@ class Proposal:
     match: int = 0  # n-gram only: how many tokens before the guesses already match the source
     confidences: list[float] = field(default_factory=list)  # model only: the draft's top-token probability per guess
     sync_s: float = 0.0  # model only: of the time spent, what went to catching the draft's cache up (a one-off)
+    caught_up: int = 0  # model only: how many tokens that catch-up evaluated
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, k: int) -> Proposal:
-        return Proposal(self.tokens[:k], self.dists[:k], self.match, self.confidences[:k], self.sync_s)
+        return Proposal(self.tokens[:k], self.dists[:k], self.match, self.confidences[:k], self.sync_s, self.caught_up)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -89,6 +90,13 @@ class ModelDrafter:
         """Forget cached positions >= keep (called by the engine's rollback helper)."""
         self.model.rollback(keep)
 
+    def prefill(self, prompt: list[int]) -> None:
+        """Make the cache hold ``prompt[:-1]`` (reusing what it already holds of it)."""
+        n = common_prefix(self.model.tokens, prompt, limit=len(prompt) - 1)
+        self.model.rollback(n)
+        if prompt[n:-1]:
+            self.model.eval(prompt[n:-1], logits="none")
+
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode, measured past the cache, then undone."""
         base = self.model.n_past
@@ -110,7 +118,8 @@ class ModelDrafter:
         t = time.perf_counter()
         logits, evaluated = self._sync(tokens)
         # more than a round's usual one or two tokens: a catch-up, not a per-token cost
-        out = Proposal(sync_s=time.perf_counter() - t if evaluated > 2 else 0.0)
+        caught_up = evaluated > 2
+        out = Proposal(sync_s=time.perf_counter() - t if caught_up else 0.0, caught_up=evaluated if caught_up else 0)
         for i in range(k):
             row = logits[: self.n_vocab]
             if self.sampler.greedy:
@@ -133,7 +142,9 @@ class ModelDrafter:
 
 class NgramDrafter:
     """Prompt lookup: find the longest recent suffix (n in [n_min, n_max]) that occurred
-    earlier in the prompt or output, and propose what followed it. Costs no model time.
+    earlier in the prompt or output, and propose what followed it. Costs no model time. Of
+    the suffix's recent occurrences, the one whose context matches furthest back is copied
+    (in an edited file the same line may appear in the source and in what was written).
 
     Once a copy is under way, the next call continues from the same source span without
     searching, as long as the sequence has kept copying it: in code editing and summarising
@@ -148,6 +159,7 @@ class NgramDrafter:
 
     name = "ngram"
     MATCH_CAP = 64
+    OCCURRENCES = 8  # the latest occurrences of an n-gram kept; the one matching furthest back is copied
     EDIT_MIN_MATCH = 4  # a copy must have matched this many tokens before a break counts as an edit
 
     def __init__(self, n_min: int = 2, n_max: int = 6):
@@ -155,7 +167,7 @@ class NgramDrafter:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
         self._seen: list[int] = []
-        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position after its latest occurrence
+        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after its latest occurrences
         self._follow: tuple[int, int, int] | None = None  # (sequence length, source position, match) of a copy
         self.edits: dict[int, int] = {}  # source token -> what the target writes instead
 
@@ -168,7 +180,10 @@ class NgramDrafter:
         for end in range(max(n_old, 1), len(tokens)):
             for n in range(self.n_min, self.n_max + 1):
                 if end - n >= 0:
-                    self._index[tuple(tokens[end - n : end])] = end
+                    seen = self._index.setdefault(tuple(tokens[end - n : end]), [])
+                    seen.append(end)
+                    if len(seen) > self.OCCURRENCES:
+                        del seen[0]
         self._seen = list(tokens)
 
     def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
@@ -218,10 +233,13 @@ class NgramDrafter:
         for n in range(self.n_max, self.n_min - 1, -1):
             if end <= n:
                 continue
-            src = self._index.get(tuple(tokens[end - n :]))
-            if src is not None and src < end:
+            best, best_match = None, -1
+            for src in reversed(self._index.get(tuple(tokens[end - n :]), ())):  # latest first: it wins ties
                 match = n
                 while match < self.MATCH_CAP and match < src and tokens[end - 1 - match] == tokens[src - 1 - match]:
                     match += 1
-                return self._copy(tokens, src, k, match)
+                if match > best_match:
+                    best, best_match = src, match
+            if best is not None:
+                return self._copy(tokens, best, k, best_match)
         return Proposal()

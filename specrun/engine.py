@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .control import CALIBRATION_SIZES, Controller, CostModel, Plan, calibrate, now
+from .control import CALIBRATION_SIZES, Controller, CopyModel, Plan
+from .costs import CostModel, CpuWatch, Learned, calibrate, now
 from .drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
 from .sampling import Sampler, accept_or_resample
@@ -197,9 +198,14 @@ class Engine:
         settings: Settings,
         sampler: Sampler,
         cost: CostModel | None = None,
+        learned: Learned | None = None,
     ):
+        """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
+        (its curve, unless ``cost`` is given, and its copy and near-tie statistics)."""
         if "model" in settings.sources and draft is None:
-            raise UsageError(f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model")
+            raise UsageError(
+                f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
+            )
         self.target = target
         self.settings = settings
         self.sampler = sampler
@@ -208,7 +214,7 @@ class Engine:
             ModelDrafter(draft, sampler, self.rng, target.n_vocab) if draft is not None and "model" in settings.sources else None
         )
         self.ngram = NgramDrafter(settings.ngram_min, settings.ngram_max) if "ngram" in settings.sources else None
-        self.cost = cost if cost is not None else CostModel()
+        self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.controller = Controller(
             settings.sources,
             draft_min=settings.draft_min,
@@ -216,6 +222,8 @@ class Engine:
             p_split=settings.p_split,
             fixed=settings.fixed,
             cost=self.cost,
+            copy=CopyModel.from_json(learned.copy) if learned is not None and learned.copy else None,
+            tie_rate=learned.tie_rate or 0.0 if learned is not None else 0.0,
         )
         self.tokens: list[int] = []  # the sequence: the target's cache holds all but the last
 
@@ -237,8 +245,16 @@ class Engine:
         todo = prompt[n:-1]
         if todo:
             self.target.eval(todo, logits="none")
+        if self.model_drafter is not None and not self.settings.fixed and self.controller.model_can_pay(self.settings.k_max):
+            self.model_drafter.prefill(prompt)  # as the target: its first draft need not catch up the whole prompt
         self.tokens = list(prompt)
         return len(todo) + 1  # the pending last token is evaluated by the first round
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart the random stream (a request's own seed, say); the model drafter shares it."""
+        self.rng = np.random.default_rng(seed)
+        if self.model_drafter is not None:
+            self.model_drafter.rng = self.rng
 
     def reset(self) -> None:
         self.target.reset()
@@ -248,7 +264,8 @@ class Engine:
 
     def calibrate(self) -> CostModel:
         """Measure the target's verify cost by batch size (and the draft's per-token cost)
-        at the current position, leaving both caches as they were."""
+        at the current position, leaving both caches as they were. A measurement taken while
+        the machine was busy comes back ``provisional`` (see ``costs.calibrate``)."""
         base = self.target.n_past
         pad = self.tokens[-1] if self.tokens else 0
         room = self.target.n_ctx - base
@@ -261,12 +278,16 @@ class Engine:
             return dt
 
         measure(1)  # the first decode after a load or a pause is slow: not part of the curve
+        watch = CpuWatch()
         sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.k_max + 1)]
-        cal = calibrate(measure, sizes)
-        self.cost.verify.update(cal.verify)
+        self.cost.adopt(calibrate(measure, sizes, others=watch.others))
         if self.model_drafter is not None and self.model_drafter.model.n_ctx > self.model_drafter.model.n_past:
             self.cost.draft_per_token = self.model_drafter.measure_token_cost(pad)
         return self.cost
+
+    def learned(self) -> Learned:
+        """What this engine has learned, to store for the next run."""
+        return Learned(self.cost, self.controller.copy.to_json(), self.controller.tie_rate)
 
     # --- generation ---------------------------------------------------------------------
 
@@ -310,7 +331,7 @@ class Engine:
                 # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
                 self.controller.observe(
                     plan, r.stats.drafted, r.accepted, r.stats.verify_s, r.stats.draft_s - r.proposal.sync_s,
-                    r.proposal.confidences, tie_stop=r.deferred,
+                    r.proposal.confidences, tie_stop=r.deferred, caught_up=(r.proposal.caught_up, r.proposal.sync_s),
                 )  # fmt: skip
                 self.controller.observe_tie(r.stats.near_tie)
                 if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
@@ -340,6 +361,7 @@ class Engine:
             ngram_available=len(copy) if copy is not None else 0,
             ngram_match=copy.match if copy is not None else 0,
             room=room,
+            model_lag=len(tokens) - self.model_drafter.model.n_past if self.model_drafter is not None else 0,
         )
         return plan, copy
 

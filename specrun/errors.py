@@ -111,3 +111,9 @@ class BackendError(SpecrunError):
     """llama.cpp refused to load or run a model."""
 
     exit_code = EXIT_FAIL
+
+
+class DownloadError(SpecrunError):
+    """A download failed or arrived corrupted (and was deleted)."""
+
+    exit_code = EXIT_FAIL

@@ -255,9 +255,7 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
         with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 24:
-                raise BadModelFile(
-                    f"{p} is not a GGUF file: only {size} bytes", "re-download the model"
-                )
+                raise BadModelFile(f"{p} is not a GGUF file: only {size} bytes", "re-download the model")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 return _parse(p, mm, size)
     except PermissionError:
@@ -324,9 +322,6 @@ def _parse_body(p: Path, r: _Reader, size: int) -> GGUFHeader:
         if offset % alignment:
             raise r.fail(f"tensor {name!r} is not aligned to {alignment} bytes")
         if offset + nbytes > data_size:
-            raise r.fail(
-                f"tensor {name!r} ends {offset + nbytes - data_size} bytes past the end of the file"
-                " (truncated download?)"
-            )
+            raise r.fail(f"tensor {name!r} ends {offset + nbytes - data_size} bytes past the end of the file (truncated download?)")
         tensors.append(TensorInfo(name, shape, gtype, offset, nbytes))
     return GGUFHeader(p, version, size, alignment, data_offset, meta, tensors)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import BadModelFile
 from .gguf_header import GGUFHeader, read_header
 
 try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
@@ -16,6 +17,7 @@ except ImportError:  # pragma: no cover - very old gguf
     LlamaFileType = None  # type: ignore[assignment]
 
 # bytes per element of llama.cpp's KV-cache types (--cache-type-k/-v)
+MAX_LAYERS = 1024  # more layers than tensors is a corrupt header, beyond this even in a vocabulary-only file
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -25,6 +27,10 @@ class LayerWeights:
     blocks: list[int]  # per repeating layer
     output: int
     tied_head: int  # bytes of token embeddings copied to the output layer's device when not the CPU
+
+
+def kv_bytes_per_token(elems: int, cache_type: str = "f16") -> int:
+    return int(elems * CACHE_TYPE_BYTES[cache_type])
 
 
 @dataclass
@@ -62,11 +68,14 @@ class ModelInfo:
     def n_vocab(self) -> int:
         return len(self.tokens)
 
+    @property
+    def kv_elems_per_token(self) -> int:
+        """KV-cache elements one context position holds across all layers."""
+        return sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
+
     def kv_bytes_per_token(self, cache_type: str = "f16") -> int:
         """KV-cache bytes one context position costs across all layers."""
-        per = CACHE_TYPE_BYTES[cache_type]
-        elems = sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
-        return int(elems * per)
+        return kv_bytes_per_token(self.kv_elems_per_token, cache_type)
 
     def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
         return self.kv_bytes_per_token(cache_type) * n_ctx
@@ -175,6 +184,11 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         return h.get(f"{arch}.{key}", default)
 
     n_layer = _int(a("block_count")) or 0
+    if n_layer > max(len(h.tensors), MAX_LAYERS):  # every layer has tensors; the largest models have ~130 layers
+        raise BadModelFile(
+            f"{h.path.name} is not a valid GGUF file: it claims {n_layer} layers but holds {len(h.tensors)} tensors",
+            "re-download or re-convert the model",
+        )
     n_embd = _int(a("embedding_length")) or 0
     raw_head = a("attention.head_count", 0)
     n_head = int(np.max(raw_head)) if isinstance(raw_head, np.ndarray) else (_int(raw_head) or 0)

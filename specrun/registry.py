@@ -6,12 +6,16 @@ An entry::
     path = "${SPECRUN_MODELS_DIR:-~/.cache/specrun/models}/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     aliases = ["demo"]          # optional
     draft = "qwen-0.5b"         # optional: the default draft for this target
-    sha256 = "cc32..."          # optional: checked by `specrun models --verify`
+    sha256 = "cc32..."          # optional: checked by `specrun models --verify` and `specrun pull`
+    hf = "org/repo/file.gguf"   # optional: where `specrun pull` downloads it from (or org/repo:QUANT)
     source = "how to get it"    # optional: shown when the file is missing
     notes = "free text"         # optional
 
 Paths: ``~``, ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` are expanded (never evaluated by a
-shell); a relative path resolves against the folder of the toml file that names it.
+shell); a relative path resolves against the folder of the toml file that names it. A path may
+also be a store reference (``ollama:qwen2.5-coder:32b``, ``lmstudio:...``, ``hf:...``; see
+:mod:`specrun.stores`), resolved when the model is used. A path ``X.gguf`` that is missing
+while ``X-00001-of-0000N.gguf`` exists names that split model.
 
 Files: the packaged registry, then one user file laid over it: ``--registry FILE``, else
 ``$SPECRUN_REGISTRY``, else ``$XDG_CONFIG_HOME/specrun/models.toml`` (``~/.config/...``) if it
@@ -36,9 +40,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import RegistryError, UnknownModel
+from .errors import RegistryError, SpecrunError, UnknownModel
+from .stores import StoreRoots, is_ref, model_file, parse_ref, resolve_ref, roots_from_env
 
-ALLOWED_KEYS = {"path", "aliases", "draft", "sha256", "source", "notes"}
+ALLOWED_KEYS = {"path", "aliases", "draft", "sha256", "source", "notes", "hf"}
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 
 
@@ -69,11 +74,15 @@ class Entry:
     source: str | None = None
     notes: str | None = None
     origin: Path | None = None
+    ref: str | None = None  # a store reference given as the path (then ``path`` is its text)
+    hf: str | None = None  # org/repo/file.gguf or org/repo:QUANT, for `specrun pull`
 
     def to_json(self) -> dict:
         return {
             "name": self.name,
             "path": str(self.path),
+            "ref": self.ref,
+            "hf": self.hf,
             "aliases": self.aliases,
             "draft": self.draft,
             "sha256": self.sha256,
@@ -85,14 +94,15 @@ class Entry:
 
 @dataclass
 class Resolved:
-    """A model named on the command line: a registry entry or a bare path."""
+    """A model named on the command line: a registry entry, a store reference or a bare path."""
 
     path: Path
     entry: Entry | None = None
+    ref: str | None = None
 
     @property
     def label(self) -> str:
-        return self.entry.name if self.entry else self.path.name
+        return self.entry.name if self.entry else (self.ref or self.path.name)
 
 
 def packaged_registry_path() -> Path:
@@ -144,11 +154,11 @@ def _load_file(path: Path) -> dict[str, Entry]:
                 f"allowed keys are {', '.join(sorted(ALLOWED_KEYS))}",
             )
         if not isinstance(raw.get("path"), str) or not raw["path"]:
-            raise RegistryError(f"{where} needs a path = \"...\" string", "add the .gguf path")
+            raise RegistryError(f'{where} needs a path = "..." string', "add the .gguf path")
         aliases = raw.get("aliases", [])
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise RegistryError(f"{where}: aliases must be a list of strings", 'e.g. aliases = ["8b"]')
-        for key in ("draft", "sha256", "source", "notes"):
+        for key in ("draft", "sha256", "source", "notes", "hf"):
             if key in raw and not isinstance(raw[key], str):
                 raise RegistryError(f"{where}: {key} must be a string", f'write {key} = "..."')
         sha = raw.get("sha256")
@@ -161,15 +171,28 @@ def _load_file(path: Path) -> dict[str, Entry]:
                     f"{_at(path, text, name, 'aliases')}: the name {a!r} is used by both [models.{owner}] and [models.{name}]",
                     "give each alias to one entry only",
                 )
+        ref = raw["path"] if is_ref(raw["path"]) else None
+        hf = raw.get("hf")
+        for key, value in (("path", ref), ("hf", hf and (hf if hf.startswith("hf:") else f"hf:{hf}"))):
+            if value is None:
+                continue
+            try:
+                parse_ref(value)
+            except SpecrunError as e:
+                raise RegistryError(f"{_at(path, text, name, key)}: [models.{name}] {key}: {e.message}", e.fix) from None
+        if (hf or (ref and ref.startswith("hf:"))) and not raw.get("source"):
+            raw = {**raw, "source": f"specrun pull {name}"}
         entries[name] = Entry(
             name=name,
-            path=expand(raw["path"], base),
+            path=Path(ref) if ref else expand(raw["path"], base),
             aliases=list(aliases),
             draft=raw.get("draft"),
             sha256=sha.lower() if sha else None,
             source=raw.get("source"),
             notes=raw.get("notes"),
             origin=path,
+            ref=ref,
+            hf=hf.removeprefix("hf:") if hf else None,
         )
     return entries
 
@@ -193,9 +216,10 @@ def _at(path: Path, text: str, name: str, key: str | None = None) -> str:
 
 
 class Registry:
-    def __init__(self, entries: dict[str, Entry], files: list[Path]):
+    def __init__(self, entries: dict[str, Entry], files: list[Path], roots: StoreRoots | None = None):
         self.entries = entries
         self.files = files
+        self.roots = roots or StoreRoots()
         self._names: dict[str, str] = {}
         # packaged entries first, so a user file's names shadow them
         for e in entries.values():
@@ -205,7 +229,9 @@ class Registry:
             self._names[e.name.lower()] = e.name
 
     @classmethod
-    def load(cls, user_file: str | os.PathLike | None = None) -> Registry:
+    def load(cls, user_file: str | os.PathLike | None = None, roots: StoreRoots | None = None) -> Registry:
+        """The packaged registry with the user's file over it; store references resolve
+        against ``roots`` (default: the stores' folders from the environment)."""
         files = [packaged_registry_path()]
         if user_file:
             files.append(Path(user_file))
@@ -221,17 +247,26 @@ class Registry:
                 for e in entries.values():
                     e.aliases = [a for a in e.aliases if a.lower() not in taken]
             entries.update(layer)
-        return cls(entries, files)
+        return cls(entries, files, roots or roots_from_env())
 
     def get(self, name: str) -> Entry | None:
         key = self._names.get(name.lower())
         return self.entries[key] if key else None
 
+    def locate(self, entry: Entry) -> Path:
+        """The file an entry names now: its store reference resolved (InputError if that
+        fails), or its path (the first part, for a model stored split)."""
+        if entry.ref:
+            return resolve_ref(entry.ref, self.roots)
+        return model_file(entry.path)
+
     def resolve(self, name: str) -> Resolved:
-        """A registry name or alias, or a path to a .gguf file."""
+        """A registry name or alias, a store reference (ollama:, lmstudio:, hf:) or a path to a .gguf file."""
         entry = self.get(name)
         if entry is not None:
-            return Resolved(entry.path, entry)
+            return Resolved(self.locate(entry), entry, entry.ref)
+        if is_ref(name):
+            return Resolved(resolve_ref(name, self.roots), ref=name)
         looks_like_path = name.endswith(".gguf") or os.sep in name or "/" in name
         p = Path(os.path.expanduser(name))
         if looks_like_path or p.exists():
@@ -239,7 +274,7 @@ class Registry:
         choices = sorted(self._names)
         close = difflib.get_close_matches(name.lower(), choices, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "run `specrun models` to list names"
-        raise UnknownModel(f"unknown model {name!r}: not a registry name, alias or .gguf path", hint)
+        raise UnknownModel(f"unknown model {name!r}: not a registry name, alias, store reference or .gguf path", hint)
 
     def default_draft(self, target: Resolved) -> Resolved | None:
         if target.entry and target.entry.draft:

@@ -123,9 +123,7 @@ def residual(p: Dist, q: Dist) -> Dist:
     return Dist(ids[keep], r[keep] / total)
 
 
-def accept_or_resample(
-    x: int, p: Dist, q: Dist, rng: np.random.Generator
-) -> tuple[bool, int | None]:
+def accept_or_resample(x: int, p: Dist, q: Dist, rng: np.random.Generator) -> tuple[bool, int | None]:
     """One position of exact speculative sampling.
 
     Returns (True, None) if draft token ``x`` is accepted, else (False, replacement).

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-on
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
-    "reinstall with: CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install --force-reinstall --no-cache-dir "
+    'reinstall with: CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
     "llama-cpp-python (Apple Silicon: -DGGML_METAL=on), or run scripts/install.sh"
 )
 
@@ -106,7 +106,9 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
         if d is None:
             if settings.draft == "model":
                 raise UsageError(
-                    f"no draft model for {target.label}", "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram", "draft_model"
+                    f"no draft model for {target.label}",
+                    "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram",
+                    "draft_model",
                 )
         else:
             draft = require_file(d)
@@ -249,17 +251,31 @@ def cost_key(t: ModelInfo, d: ModelInfo | None, cfg: PairConfig, placement: Plac
 
 
 def load_costs(store: CostStore, key: str) -> CostModel:
-    return store.load(key) or CostModel()
+    learned = store.load(key)
+    return learned.cost if learned is not None else CostModel()
 
 
-def open_engine(pair: OpenPair, settings: Settings, sampler: Sampler, store: CostStore, on_calibrate: Callable[[], None] | None = None) -> Engine:
-    """An engine with this machine's stored cost model, calibrated first if there is none
-    (``on_calibrate`` is told before it starts: it takes seconds)."""
-    engine = Engine(pair.target, pair.draft, settings, sampler, load_costs(store, pair.cost_key))
-    if settings.sources and not settings.fixed and not engine.cost.verify:
-        if on_calibrate is not None:
-            on_calibrate()
+def open_engine(
+    pair: OpenPair,
+    settings: Settings,
+    sampler: Sampler,
+    store: CostStore,
+    on_notice: Callable[[str], None] | None = None,
+    recalibrate: bool = False,
+) -> Engine:
+    """An engine that starts from what this pair learned on this machine before (costs,
+    copies, near-ties), calibrated first if there is no verify curve yet (or ``recalibrate``).
+    ``on_notice`` hears, in one line each, that a calibration starts (it takes seconds) and
+    that one was disturbed (its curve serves this run only)."""
+    learned = store.load(pair.cost_key)
+    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned)
+    if settings.sources and not settings.fixed and (recalibrate or not engine.cost.verify):
+        if on_notice is not None:
+            on_notice("measuring this machine's verify costs (stored for next time)...")
         engine.calibrate()
+        why = engine.cost.measured.get("disturbed")
+        if why and on_notice is not None:
+            on_notice(f"the machine was busy while measuring ({why}): these costs serve this run only and are not stored")
     return engine
 
 

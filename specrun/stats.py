@@ -147,9 +147,7 @@ class RunStats:
             "tokens_per_decode": round(self.tokens_per_decode, 4),
             "accept_per_position": [round(x, 4) for x in self.accept_per_position],
             "n_rounds": self.n_rounds,
-            "by_source": {
-                k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.by_source.items()
-            },
+            "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.by_source.items()},
             "prompt_s": round(self.prompt_s, 6),
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),

@@ -67,5 +67,5 @@ def test_the_cycle_finder_finds_one():
 def test_import_contracts_hold():
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert exe, "import-linter is not installed (scripts/install.sh --extras test)"
-    p = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([exe, str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -15,7 +15,13 @@ from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
 
 MODES = ["none", "model", "ngram", "hybrid"]
 MODE_KEYS = {
-    "tps_mean", "tps_stdev", "speedup", "acceptance_rate", "mean_accept_len", "accept_per_position",
+    "tps_mean",
+    "tps_stdev",
+    "speedup",
+    "speedup_ci95",
+    "acceptance_rate",
+    "mean_accept_len",
+    "accept_per_position",
     "identical_to_plain",
 }
 PROMPTS = [
@@ -33,8 +39,29 @@ def bench_argv(tiny, prompts: Path, *extra: str) -> list[str]:
     # --fixed: always draft (the adaptive controller may rightly decide a CPU run is better off
     # without drafting, and then there is no acceptance to check); --tie-margin 0: no near-tie
     # deferrals, so a copy of the target has every draft accepted
-    return ["bench", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"]), "--runs", "1", "-n", "16",
-            "-t", "1", "-c", "512", "--fixed", "--draft-max", "4", "--tie-margin", "0", "--prompts", str(prompts), *extra]
+    return [
+        "bench",
+        "-m",
+        str(tiny["target"]),
+        "-d",
+        str(tiny["draft-copy"]),
+        "--runs",
+        "1",
+        "-n",
+        "16",
+        "-t",
+        "1",
+        "-c",
+        "512",
+        "--fixed",
+        "--draft-max",
+        "4",
+        "--tie-margin",
+        "0",
+        "--prompts",
+        str(prompts),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +127,17 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     header = lines.index(
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len "
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len "
         "| accept by position | same text as plain |"
     )
-    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|"
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|"
     rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
-    assert [r.split(" | ")[:2] for r in rows[:4]] == [["| code", "none"], ["| code", "model"], ["| overall", "none"], ["| overall", "model"]]
+    assert [r.split(" | ")[:2] for r in rows[:4]] == [
+        ["| code", "none"],
+        ["| code", "model"],
+        ["| overall", "none"],
+        ["| overall", "model"],
+    ]
     assert all(r.endswith("| yes |") for r in rows[:4])
     assert "| code | model |" in out and " 100% |" in rows[1]
     assert "| mode | predicted speedup | measured speedup |" in out
@@ -116,8 +148,26 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
 
 def test_ngram_only_needs_no_draft_model(tiny, tmp_path, capsys):
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:1])
-    code = main(["bench", "-m", str(tiny["target"]), "--draft", "ngram", "--runs", "1", "-n", "8", "-t", "1",
-                 "-c", "512", "--json", "--prompts", str(prompts)])
+    code = main(
+        [
+            "bench",
+            "-m",
+            str(tiny["target"]),
+            "--draft",
+            "ngram",
+            "--runs",
+            "1",
+            "-n",
+            "8",
+            "-t",
+            "1",
+            "-c",
+            "512",
+            "--json",
+            "--prompts",
+            str(prompts),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     data = json.loads(out)
@@ -153,8 +203,30 @@ def test_bad_fixed_length_is_a_usage_error(tiny, tmp_path, capsys, spec):
 def test_fixed_lengths_sit_next_to_the_adaptive_mode(tiny, tmp_path, capsys):
     # without --fixed: "hybrid" adapts, "model:2" and "model:3" always draft exactly 2 and 3
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:1])
-    code = main(["bench", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"]), "--draft", "hybrid,model:2,model:3",
-                 "--runs", "1", "-n", "12", "-t", "1", "-c", "512", "--tie-margin", "0", "--json", "--prompts", str(prompts)])
+    code = main(
+        [
+            "bench",
+            "-m",
+            str(tiny["target"]),
+            "-d",
+            str(tiny["draft-copy"]),
+            "--draft",
+            "hybrid,model:2,model:3",
+            "--runs",
+            "1",
+            "-n",
+            "12",
+            "-t",
+            "1",
+            "-c",
+            "512",
+            "--tie-margin",
+            "0",
+            "--json",
+            "--prompts",
+            str(prompts),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     data = json.loads(out)
@@ -218,3 +290,22 @@ def test_empty_or_unreadable_prompts_file(tmp_path):
 def test_builtin_prompts_load():
     prompts = load_prompts()
     assert len(prompts) >= 4 and len({p.cls for p in prompts}) >= 2
+
+
+def test_the_interval_covers_the_class_mean_and_shrinks_with_agreement():
+    from specrun.bench import ci95, geomean
+
+    spread = [0.9, 1.1, 1.3, 1.0, 1.2]
+    lo, hi = ci95(spread)
+    assert lo < geomean(spread) < hi
+    tight = [1.10, 1.11, 1.09, 1.10, 1.10]
+    tlo, thi = ci95(tight)
+    assert thi - tlo < (hi - lo) / 5 and tlo > 1.05
+    assert ci95([1.2]) == (1.2, 1.2)
+    # t with 4 degrees of freedom: wider than a normal interval would be
+    import math
+    import statistics
+
+    logs = [math.log(x) for x in spread]
+    normal_half = 1.96 * statistics.stdev(logs) / math.sqrt(len(logs))
+    assert math.log(hi) - math.log(geomean(spread)) > normal_half

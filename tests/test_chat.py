@@ -72,9 +72,7 @@ def new_turn_tokens(target: Model, user_text: str) -> list[int]:
 def test_each_turn_prefills_only_its_own_tokens(session):
     target = session.engine.target
     first = "Hello there, how are you?"
-    p1 = target.tokenize(
-        f"<|im_start|>user\n{first}<|im_end|>\n<|im_start|>assistant\n", add_special=False, parse_special=True
-    )
+    p1 = target.tokenize(f"<|im_start|>user\n{first}<|im_end|>\n<|im_start|>assistant\n", add_special=False, parse_special=True)
     chat(session, first)
     t1 = session.turns[-1]
     assert t1.stats.n_prompt_tokens == len(p1)
@@ -121,7 +119,8 @@ def test_reset_clears_history_and_cache(session):
     assert session.system == "Be brief."  # the system prompt stays
     full = session.engine.target.tokenize(
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
-        add_special=False, parse_special=True,
+        add_special=False,
+        parse_special=True,
     )
     chat(session, "Hello")
     assert session.turns[-1].stats.n_prompt_tokens == len(full)  # everything prefilled again
@@ -135,7 +134,8 @@ def test_system_prompt_starts_a_new_conversation(session):
     chat(session, "Ahoy")
     expected = session.engine.target.tokenize(
         "<|im_start|>system\nYou are a pirate.<|im_end|>\n<|im_start|>user\nAhoy<|im_end|>\n<|im_start|>assistant\n",
-        add_special=False, parse_special=True,
+        add_special=False,
+        parse_special=True,
     )
     # only the shared "<|im_start|>" could be kept from the old conversation
     assert session.turns[-1].stats.n_prompt_tokens == len(expected) - 1
@@ -290,8 +290,9 @@ def hostile_results(tmp_path_factory):
     sentinel = tmp_path_factory.mktemp("hostile") / "pwned"
     cases = {k: v.replace(SENTINEL, str(sentinel)) for k, v in HOSTILE.items()}
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(cases), capture_output=True,
-                           text=True, timeout=20 + 4 * len(cases))
+        p = subprocess.run(
+            [sys.executable, "-c", CHILD], input=json.dumps(cases), capture_output=True, text=True, timeout=20 + 4 * len(cases)
+        )
         stdout = p.stdout
     except subprocess.TimeoutExpired as e:
         stdout = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -360,8 +361,21 @@ def test_a_model_with_a_hostile_template_chats_in_the_plain_format(tmp_path, mod
 def run_chat(tiny, stdin: str, *extra: str, timeout: float = 120, model: Path | None = None):
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE")}
     env["TERM"] = "xterm-256color"  # a capable terminal type: only the missing tty turns colour off
-    argv = [str(SPECRUN), "chat", "-m", str(model or tiny["target"]), "-d", str(tiny["draft-copy"]),
-            "-t", "1", "-n", "24", "-c", "1024", *extra]
+    argv = [
+        str(SPECRUN),
+        "chat",
+        "-m",
+        str(model or tiny["target"]),
+        "-d",
+        str(tiny["draft-copy"]),
+        "-t",
+        "1",
+        "-n",
+        "24",
+        "-c",
+        "1024",
+        *extra,
+    ]
     return subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
 
 

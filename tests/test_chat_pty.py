@@ -77,13 +77,13 @@ class Terminal:
                 return m
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"timed out waiting for {pattern!r}; output since:\n{self.text[self.pos:][-3000:]}")
+                raise AssertionError(f"timed out waiting for {pattern!r}; output since:\n{self.text[self.pos :][-3000:]}")
             if self._read(min(left, 0.5)) is None:
                 m = rx.search(self.text, self.pos)
                 if m:
                     self.pos = m.end()
                     return m
-                raise AssertionError(f"the terminal closed before {pattern!r}; output since:\n{self.text[self.pos:][-3000:]}")
+                raise AssertionError(f"the terminal closed before {pattern!r}; output since:\n{self.text[self.pos :][-3000:]}")
 
     def send(self, s: str) -> None:
         os.write(self.fd, s.encode())

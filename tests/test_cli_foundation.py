@@ -127,7 +127,9 @@ def test_check_pair_tiny_vocab_changed_names_the_id(tiny, capsys):
     assert code == EXIT_FAIL and re.search(r"token texts: first differences at id 3\d\d", out)
 
 
-@pytest.mark.parametrize("variant, code", [("draft-copy", 0), ("vocab-plus100", 0), ("eos-changed", EXIT_FAIL), ("other-family", EXIT_FAIL)])
+@pytest.mark.parametrize(
+    "variant, code", [("draft-copy", 0), ("vocab-plus100", 0), ("eos-changed", EXIT_FAIL), ("other-family", EXIT_FAIL)]
+)
 def test_check_pair_tiny_exit_codes(tiny, capsys, variant, code):
     got, r = check_pair_json(capsys, "-m", str(tiny["target"]), "-d", str(tiny[variant]), "-c", "512")
     assert got == code
@@ -220,7 +222,7 @@ def test_registry_entry_whose_file_is_missing_names_its_source(tmp_path, monkeyp
     monkeypatch.setenv("SPECRUN_MODELS_DIR", str(tmp_path))
     code, _, err = run_main(["inspect", "70b"], capsys)
     line = assert_one_line_error(err)
-    assert code == EXIT_INPUT and "llama-3.1-70b" in line and "huggingface-cli" in line
+    assert code == EXIT_INPUT and "llama-3.1-70b" in line and "get it with: specrun pull llama-3.1-70b" in line
 
 
 @pytest.mark.parametrize("argv", [["inspect", "x.gguf"], ["check-pair", "-m", "x.gguf", "-d", "y.gguf"]])
@@ -248,7 +250,6 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["check-pair", "-m", "x"], "--draft-model"),
         (["check-pair", "-d", "x"], "--model"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "-5"], "-c/--ctx"),
         (["check-pair", "-m", "x", "-d", "y", "-c", "0"], "-c/--ctx"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrun.control import Controller, CopyModel, CostModel, CostStore, expected_tokens
+from specrun.control import Controller, CopyModel, CostModel, CostStore, Learned, expected_tokens
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -151,8 +151,8 @@ def test_cost_curve_interpolates_measured_points():
 
 def test_cost_store_round_trips_and_survives_damage(tmp_path):
     store = CostStore(tmp_path / "costs.json")
-    store.save("k", CostModel({1: 0.03, 2: 0.05}, 0.01))
-    got = store.load("k")
+    store.save("k", Learned(CostModel({1: 0.03, 2: 0.05}, 0.01)))
+    got = store.load("k").cost
     assert got.verify == {1: 0.03, 2: 0.05} and got.draft_per_token == 0.01
     (tmp_path / "costs.json").write_text("{not json")
     assert store.load("k") is None

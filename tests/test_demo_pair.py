@@ -13,9 +13,12 @@ from specrun.sampling import Sampler
 # chat-formatted prompts of at least 64 tokens, of different kinds
 SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
 PROMPTS = [
-    SYSTEM + "<|im_start|>user\nWrite a Python function that parses an ISO 8601 date string such as 2024-05-17T08:30:00+02:00 and returns a timezone-aware datetime. Raise ValueError with a helpful message on bad input, add a docstring with two examples, and keep it under thirty lines.<|im_end|>\n<|im_start|>assistant\n",
-    SYSTEM + "<|im_start|>user\nRename the function `area` to `rect_area` and return the whole file:\n\n```python\ndef area(w, h):\n    return w * h\n\n\ndef total(shapes):\n    return sum(area(w, h) for w, h in shapes)\n```<|im_end|>\n<|im_start|>assistant\n",
-    SYSTEM + "<|im_start|>user\nExplain in three short sentences what a hash map is, how it finds a key in constant time on average, and when a plain Python list is the better choice for storing and looking up a small number of items.<|im_end|>\n<|im_start|>assistant\n",
+    SYSTEM
+    + "<|im_start|>user\nWrite a Python function that parses an ISO 8601 date string such as 2024-05-17T08:30:00+02:00 and returns a timezone-aware datetime. Raise ValueError with a helpful message on bad input, add a docstring with two examples, and keep it under thirty lines.<|im_end|>\n<|im_start|>assistant\n",
+    SYSTEM
+    + "<|im_start|>user\nRename the function `area` to `rect_area` and return the whole file:\n\n```python\ndef area(w, h):\n    return w * h\n\n\ndef total(shapes):\n    return sum(area(w, h) for w, h in shapes)\n```<|im_end|>\n<|im_start|>assistant\n",
+    SYSTEM
+    + "<|im_start|>user\nExplain in three short sentences what a hash map is, how it finds a key in constant time on average, and when a plain Python list is the better choice for storing and looking up a small number of items.<|im_end|>\n<|im_start|>assistant\n",
 ]
 FLAT = {b: 0.01 for b in (1, 2, 4, 8, 16)}  # makes the adaptive controller draft
 
@@ -87,8 +90,10 @@ def test_qwen_pair_matches_plain_up_to_llama_cpp_batch_noise(pair, i):
     flips = sum(check_same(n, o, plain, gaps) for n, o in (("fixed", fixed), ("hybrid", hybrid), ("ngram", ngram)))
     assert fs.n_drafted > 0 and fs.acceptance_rate > 0.4
     near = sum(g < BATCH_NOISE for g in gaps)
-    print(f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}, "
-          f"{near}/{len(gaps)} positions are near-ties, {flips}/3 runs flipped one")
+    print(
+        f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}, "
+        f"{near}/{len(gaps)} positions are near-ties, {flips}/3 runs flipped one"
+    )
 
 
 def test_qwen_pair_detokenizes_to_sensible_code(pair):

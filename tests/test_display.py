@@ -105,8 +105,9 @@ def test_summary_line(run):
 
 
 def test_summary_line_with_nothing_drafted():
-    s = RunStats(n_prompt_tokens=7, n_generated=3, wall_s=0.5, n_rounds=3, n_target_decodes=3,
-                 by_source={"none": [3, 0, 0]}, finish_reason="stop")
+    s = RunStats(
+        n_prompt_tokens=7, n_generated=3, wall_s=0.5, n_rounds=3, n_target_decodes=3, by_source={"none": [3, 0, 0]}, finish_reason="stop"
+    )
     line = summary_line(s)
     assert "accepted 0/0 (0%)" in line and "rounds: none 3" in line and "6.0 tok/s" in line
 
@@ -227,14 +228,49 @@ def test_inspect_table(tiny):
 
 def test_models_table():
     rows = [
-        {"name": "qwen-1.5b", "aliases": ["q15", "coder"], "present": True, "size": 3 * GiB // 2,
-         "architecture": "qwen2", "quant": "Q4_K_M", "draft": "qwen-0.5b", "path": "/m/q15.gguf", "verified": True},
-        {"name": "qwen-0.5b", "aliases": [], "present": False, "size": None, "architecture": None,
-         "quant": None, "draft": None, "path": "/m/q05.gguf"},
-        {"name": "broken", "aliases": [], "present": True, "size": 10, "architecture": None, "quant": None,
-         "draft": None, "path": "/m/b.gguf", "error": "not a GGUF file"},
-        {"name": "tampered", "aliases": [], "present": True, "size": 2048, "architecture": "llama",
-         "quant": "F16", "draft": None, "path": "/m/t.gguf", "verified": False},
+        {
+            "name": "qwen-1.5b",
+            "aliases": ["q15", "coder"],
+            "present": True,
+            "size": 3 * GiB // 2,
+            "architecture": "qwen2",
+            "quant": "Q4_K_M",
+            "draft": "qwen-0.5b",
+            "path": "/m/q15.gguf",
+            "verified": True,
+        },
+        {
+            "name": "qwen-0.5b",
+            "aliases": [],
+            "present": False,
+            "size": None,
+            "architecture": None,
+            "quant": None,
+            "draft": None,
+            "path": "/m/q05.gguf",
+        },
+        {
+            "name": "broken",
+            "aliases": [],
+            "present": True,
+            "size": 10,
+            "architecture": None,
+            "quant": None,
+            "draft": None,
+            "path": "/m/b.gguf",
+            "error": "not a GGUF file",
+        },
+        {
+            "name": "tampered",
+            "aliases": [],
+            "present": True,
+            "size": 2048,
+            "architecture": "llama",
+            "quant": "F16",
+            "draft": None,
+            "path": "/m/t.gguf",
+            "verified": False,
+        },
     ]
     text = render(models_table(rows))
     assert row(text, "qwen-1.5b")[1:7] == ["q15, coder", "present sha256 ok", "1.50 GiB", "qwen2", "Q4_K_M", "qwen-0.5b"]

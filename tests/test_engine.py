@@ -186,7 +186,9 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
     _, costly = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=dear)
     # (the online cost updates soon see that the tiny draft costs as much as the target, so
     # even the cheap run drafts only for its first rounds)
-    assert cheap.n_drafted >= 16 and cheap.n_drafted > 4 * costly.n_drafted
+    # (a fresh process learns the true costs from its first rounds: a faster round than the stored
+    # estimate replaces it, so the cheap run stops drafting sooner than it used to)
+    assert cheap.n_drafted >= 4 and cheap.n_drafted > 4 * costly.n_drafted
     assert costly.by_source.get("none", [0])[0] > costly.by_source.get("model", [0])[0]
 
 

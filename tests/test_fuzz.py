@@ -80,6 +80,9 @@ import pytest  # noqa: E402
 def tiny_fuzz_dir(tiny, tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
     # warm up: the first call imports the command modules, which is not a hang
-    for args in (["inspect", str(tiny["target"]), "--json"], ["check-pair", "-m", str(tiny["target"]), "-d", str(tiny["target"]), "--json"]):
+    for args in (
+        ["inspect", str(tiny["target"]), "--json"],
+        ["check-pair", "-m", str(tiny["target"]), "-d", str(tiny["target"]), "--json"],
+    ):
         run_cli(args)
     return d, tiny["target"]

@@ -25,8 +25,18 @@ from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_SIGINT, EXIT_SIGTERM, EXI
 SPECRUN = Path(sys.executable).parent / "specrun"
 PROMPT = "The quick brown fox"  # greedy from here runs to the end of a 4096 context, no EOS
 STATS_KEYS = {
-    "n_prompt_tokens", "n_generated", "prompt_tps", "generation_tps", "n_drafted", "n_accepted",
-    "acceptance_rate", "mean_accept_len", "accept_per_position", "draft_s", "verify_s", "wall_s",
+    "n_prompt_tokens",
+    "n_generated",
+    "prompt_tps",
+    "generation_tps",
+    "n_drafted",
+    "n_accepted",
+    "acceptance_rate",
+    "mean_accept_len",
+    "accept_per_position",
+    "draft_s",
+    "verify_s",
+    "wall_s",
 }
 
 
@@ -69,8 +79,23 @@ def only_error_line(err: str) -> str:
 
 
 def test_json_object_from_a_real_process(tiny):
-    p = run_proc(tiny, "-d", str(tiny["draft-perturbed"]), "--draft", "model", "--fixed", "--draft-max", "4",
-                 "-p", PROMPT, "-n", "24", "-c", "512", "--json")
+    p = run_proc(
+        tiny,
+        "-d",
+        str(tiny["draft-perturbed"]),
+        "--draft",
+        "model",
+        "--fixed",
+        "--draft-max",
+        "4",
+        "-p",
+        PROMPT,
+        "-n",
+        "24",
+        "-c",
+        "512",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)  # stdout is the object and nothing else
     assert set(r) >= {"text", "tokens", "finish_reason", "stats"}
@@ -255,7 +280,8 @@ def test_stdout_a_closed_pipe_is_quiet(tiny, json_out, reader, n_out):
     t0 = time.perf_counter()
     p = subprocess.run(
         ["bash", "-c", f'set +o pipefail; {cmd} | {reader}; echo "rc=${{PIPESTATUS[0]}}" >&2'],
-        capture_output=True, timeout=120,
+        capture_output=True,
+        timeout=120,
     )
     wall = time.perf_counter() - t0
     err = p.stderr.decode(errors="replace")

@@ -50,7 +50,10 @@ def test_tiny_model_metadata(tiny):
         # unknown value type
         (header(0, 1, gstr(b"k") + struct.pack("<I", 77) + b"\0" * 16), "unknown value type 77"),
         # nested arrays too deep
-        (header(0, 1, gstr(b"k") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 1) + b"\0" * 20), "nests arrays"),
+        (
+            header(0, 1, gstr(b"k") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 1) + b"\0" * 20),
+            "nests arrays",
+        ),
         # a tensor with 9 dimensions
         (header(1, 0, gstr(b"t") + struct.pack("<I", 9) + b"\0" * 64), "dimensions"),
         # a tensor of unknown type

@@ -91,6 +91,11 @@ def test_no_gpu_checks_system_ram(tiny):
 
 
 def test_check_pair_suggests_matching_drafts(tiny):
-    r = check_pair(tiny["target"], tiny["other-family"], candidates={"small": tiny["draft-small"], "other": tiny["other-family"]}, gpu_query=GpuQuery([], problem="none"))
+    r = check_pair(
+        tiny["target"],
+        tiny["other-family"],
+        candidates={"small": tiny["draft-small"], "other": tiny["other-family"]},
+        gpu_query=GpuQuery([], problem="none"),
+    )
     assert not r.compat.compatible
     assert r.suggestions == ["small"]

@@ -84,7 +84,9 @@ def test_paths_are_never_shell_evaluated(tmp_path, monkeypatch, capsys):
 # --- names, aliases, default drafts -----------------------------------------------------
 
 
-@pytest.mark.parametrize("alias, name", [("70b", "llama-3.1-70b"), ("8b", "llama-3.1-8b"), ("70B", "llama-3.1-70b"), ("LLaMA-3.1-8B", "llama-3.1-8b")])
+@pytest.mark.parametrize(
+    "alias, name", [("70b", "llama-3.1-70b"), ("8b", "llama-3.1-8b"), ("70B", "llama-3.1-70b"), ("LLaMA-3.1-8B", "llama-3.1-8b")]
+)
 def test_packaged_aliases_case_insensitive(alias, name):
     r = Registry.load().resolve(alias)
     assert r.entry is not None and r.entry.name == name
@@ -146,14 +148,17 @@ def test_malformed_toml_names_the_line(tmp_path):
     assert str(f) in str(e.value) and "line 5" in str(e.value)
 
 
-@pytest.mark.parametrize("bad, needle", [
-    ('[models."a"]\naliases = ["x"]\n', "path"),
-    ('[models."a"]\npath = 3\n', "path"),
-    ('[models."a"]\npath = "a.gguf"\naliases = "x"\n', "aliases"),
-    ('[models."a"]\npath = "a.gguf"\ndraft = 1\n', "draft"),
-    ('[models."a"]\npath = "a.gguf"\nsha256 = "abc"\n', "sha256"),
-    ('models = 3\n', "table"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        ('[models."a"]\naliases = ["x"]\n', "path"),
+        ('[models."a"]\npath = 3\n', "path"),
+        ('[models."a"]\npath = "a.gguf"\naliases = "x"\n', "aliases"),
+        ('[models."a"]\npath = "a.gguf"\ndraft = 1\n', "draft"),
+        ('[models."a"]\npath = "a.gguf"\nsha256 = "abc"\n', "sha256"),
+        ("models = 3\n", "table"),
+    ],
+)
 def test_invalid_values(tmp_path, bad, needle):
     with pytest.raises(RegistryError, match=needle):
         Registry.load(write_toml(tmp_path / "m.toml", bad))

@@ -32,7 +32,7 @@ def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Com
 
 def test_scripts_exist() -> None:
     names = {p.name for p in SCRIPTS}
-    assert {"install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "compare-llama-cpp.sh"} <= names
+    assert {"install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "serve.sh", "compare-llama-cpp.sh"} <= names
 
 
 def test_scripts_are_shellcheck_clean() -> None:
@@ -49,7 +49,8 @@ def test_scripts_are_shellcheck_clean() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "compare-llama-cpp.sh", "worker.sh"]
+    "name",
+    ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "serve.sh", "bench-serve.sh", "compare-llama-cpp.sh", "worker.sh"],
 )
 def test_help_prints_usage(name: str, tmp_path: Path) -> None:
     result = run_script(name, "--help", cwd=tmp_path)

@@ -21,8 +21,7 @@ TEXTS = {
 
 
 def load(path, **kwargs):
-    return llama_cpp.Llama(model_path=str(path), n_threads=2, n_threads_batch=2, n_ctx=256,
-                           verbose=False, **kwargs)
+    return llama_cpp.Llama(model_path=str(path), n_threads=2, n_threads_batch=2, n_ctx=256, verbose=False, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +47,7 @@ def batched_argmax(llm, prompt: list[int], tokens: list[int]) -> np.ndarray:
     """The argmax after each position of prompt + tokens[:-1], from one batched eval."""
     llm.reset()
     llm.eval(prompt + tokens[:-1])
-    rows = np.asarray(llm.scores[len(prompt) - 1:len(prompt) - 1 + len(tokens)])
+    rows = np.asarray(llm.scores[len(prompt) - 1 : len(prompt) - 1 + len(tokens)])
     return rows.argmax(axis=1)
 
 
@@ -106,13 +105,10 @@ def test_chat_template_is_chatml(target):
 
 def test_writer_is_deterministic(tmp_path, tiny):
     vocab = bpe_vocab()
-    a = write_model(tmp_path / "a.gguf", vocab=vocab, weights=make_weights(1, len(vocab)),
-                    name="tiny-target")
-    b = write_model(tmp_path / "b.gguf", vocab=vocab, weights=make_weights(1, len(vocab)),
-                    name="tiny-target")
+    a = write_model(tmp_path / "a.gguf", vocab=vocab, weights=make_weights(1, len(vocab)), name="tiny-target")
+    b = write_model(tmp_path / "b.gguf", vocab=vocab, weights=make_weights(1, len(vocab)), name="tiny-target")
     assert a.read_bytes() == b.read_bytes() == tiny["target"].read_bytes()
-    assert build_all(tmp_path / "again")["draft-perturbed"].read_bytes() == (
-        tiny["draft-perturbed"].read_bytes())
+    assert build_all(tmp_path / "again")["draft-perturbed"].read_bytes() == (tiny["draft-perturbed"].read_bytes())
 
 
 def test_vocabulary_variants(tiny):
@@ -143,12 +139,15 @@ def test_batched_logits_pick_the_same_greedy_tokens(target):
     assert batched_argmax(target, prompt, tokens).tolist() == tokens
 
 
-@pytest.mark.parametrize(("name", "low", "high"), [
-    ("draft-copy", 1.0, 1.0),
-    ("draft-perturbed", 0.5, 0.95),
-    ("draft-small", 0.3, 1.0),
-    ("draft-unrelated", 0.0, 0.3),
-])
+@pytest.mark.parametrize(
+    ("name", "low", "high"),
+    [
+        ("draft-copy", 1.0, 1.0),
+        ("draft-perturbed", 0.5, 0.95),
+        ("draft-small", 0.3, 1.0),
+        ("draft-unrelated", 0.0, 0.3),
+    ],
+)
 def test_draft_agreement_with_target(tiny, target, name, low, high):
     prompt = target.tokenize(b"A language model reads", add_bos=False)
     tokens, _ = greedy(target, prompt, 100)

@@ -208,8 +208,7 @@ class Vocab:
 @functools.cache
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (space -> 'Ġ', ...)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = list(printable)
     extra = 0
     for b in range(256):
@@ -294,9 +293,16 @@ def bpe_vocab() -> Vocab:
     types += [TokenType.CONTROL] * len(specials)
     endoftext, im_end = len(tokens) - 3, len(tokens) - 1
     return Vocab(
-        model="gpt2", pre="qwen2", tokens=tuple(tokens), types=tuple(int(t) for t in types),
+        model="gpt2",
+        pre="qwen2",
+        tokens=tuple(tokens),
+        types=tuple(int(t) for t in types),
         merges=tuple(f"{a} {b}" for a, b in merges),
-        bos=endoftext, eos=im_end, eot=im_end, pad=endoftext, add_bos=False,
+        bos=endoftext,
+        eos=im_end,
+        eot=im_end,
+        pad=endoftext,
+        add_bos=False,
         chat_template=CHATML_TEMPLATE,
     )
 
@@ -309,19 +315,17 @@ def with_changed_token(vocab: Vocab, at_least: int = VOCAB_CHANGED_ID) -> tuple[
     """
     n_bytes = 256
     parts = {p for merge in vocab.merges for p in merge.split(" ")}
-    token_id = next(i for i in range(at_least, n_bytes + len(vocab.merges))
-                    if vocab.tokens[i] not in parts)
+    token_id = next(i for i in range(at_least, n_bytes + len(vocab.merges)) if vocab.tokens[i] not in parts)
     tokens = list(vocab.tokens)
     tokens[token_id] = byte_encode(" vocab-changed")
-    merges = vocab.merges[:token_id - n_bytes] + vocab.merges[token_id - n_bytes + 1:]
+    merges = vocab.merges[: token_id - n_bytes] + vocab.merges[token_id - n_bytes + 1 :]
     return dataclasses.replace(vocab, tokens=tuple(tokens), merges=merges), token_id
 
 
 def with_extra_tokens(vocab: Vocab, n: int) -> Vocab:
     """`vocab` with `n` control tokens appended; every existing id keeps its text."""
     extra = tuple(f"<|extra_{i}|>" for i in range(n))
-    return dataclasses.replace(vocab, tokens=vocab.tokens + extra,
-                               types=vocab.types + (int(TokenType.CONTROL),) * n)
+    return dataclasses.replace(vocab, tokens=vocab.tokens + extra, types=vocab.types + (int(TokenType.CONTROL),) * n)
 
 
 @functools.cache
@@ -342,8 +346,15 @@ def spm_vocab() -> Vocab:
     tokens += pieces
     types += [TokenType.NORMAL] * len(pieces)
     return Vocab(
-        model="llama", pre=None, tokens=tuple(tokens), types=tuple(int(t) for t in types),
-        scores=tuple(scores), bos=1, eos=2, unk=0, add_bos=True,
+        model="llama",
+        pre=None,
+        tokens=tuple(tokens),
+        types=tuple(int(t) for t in types),
+        scores=tuple(scores),
+        bos=1,
+        eos=2,
+        unk=0,
+        add_bos=True,
     )
 
 
@@ -397,8 +408,7 @@ def perturbed(weights: Weights, seed: int, scale: float = PERTURB_SCALE) -> Weig
 
 def truncated(weights: Weights, n_layer: int) -> Weights:
     """The first `n_layer` blocks of `weights`, with the same embeddings and output."""
-    return {name: w for name, w in weights.items()
-            if not name.startswith("blk.") or int(name.split(".")[1]) < n_layer}
+    return {name: w for name, w in weights.items() if not name.startswith("blk.") or int(name.split(".")[1]) < n_layer}
 
 
 def with_extra_rows(weights: Weights, n: int, seed: int) -> Weights:
@@ -407,8 +417,7 @@ def with_extra_rows(weights: Weights, n: int, seed: int) -> Weights:
     out = dict(weights)
     embd = rng.normal(0.0, 1.0, size=(n, N_EMBD)).astype(np.float32)
     out["token_embd.weight"] = np.concatenate([weights["token_embd.weight"], embd])
-    out["output.weight"] = np.concatenate(
-        [weights["output.weight"], np.zeros((n, N_EMBD), np.float32)])
+    out["output.weight"] = np.concatenate([weights["output.weight"], np.zeros((n, N_EMBD), np.float32)])
     return out
 
 
@@ -416,9 +425,10 @@ def with_extra_rows(weights: Weights, n: int, seed: int) -> Weights:
 # Writing
 
 
-def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
-                name: str = "tiny") -> Path:
-    """Write one GGUF file; rewrites `path` only if its bytes would change."""
+def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights, name: str = "tiny", split_max_tensors: int = 0) -> Path:
+    """Write one GGUF file; rewrites `path` only if its bytes would change. With
+    `split_max_tensors`, write a split model instead, as llama.cpp's gguf-split does:
+    `<stem>-00001-of-0000N.gguf`, ...; returns the first part."""
     path = Path(path)
     n_layer = sum(1 for k in weights if k.endswith("attn_q.weight"))
     n_vocab = weights["token_embd.weight"].shape[0]
@@ -426,7 +436,10 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
         raise ValueError(f"weights are for {n_vocab} tokens, the vocabulary has {len(vocab)}")
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = GGUFWriter(tmp, "llama")
+    if split_max_tensors:
+        tmp = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(tmp, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_vocab_size(n_vocab)
@@ -449,11 +462,13 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
         writer.add_token_scores(list(vocab.scores))
     if vocab.merges:
         writer.add_token_merges(list(vocab.merges))
-    for token_id, add in ((vocab.bos, writer.add_bos_token_id),
-                          (vocab.eos, writer.add_eos_token_id),
-                          (vocab.eot, writer.add_eot_token_id),
-                          (vocab.pad, writer.add_pad_token_id),
-                          (vocab.unk, writer.add_unk_token_id)):
+    for token_id, add in (
+        (vocab.bos, writer.add_bos_token_id),
+        (vocab.eos, writer.add_eos_token_id),
+        (vocab.eot, writer.add_eot_token_id),
+        (vocab.pad, writer.add_pad_token_id),
+        (vocab.unk, writer.add_unk_token_id),
+    ):
         if token_id is not None:
             add(token_id)
     writer.add_add_bos_token(vocab.add_bos)
@@ -468,6 +483,8 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     writer.write_tensors_to_file()
     writer.close()
 
+    if split_max_tensors:
+        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
     if path.exists() and path.read_bytes() == tmp.read_bytes():
         tmp.unlink()
     else:
@@ -495,17 +512,27 @@ def variants() -> dict[str, tuple[Vocab, Weights]]:
     }
 
 
-VARIANTS = ("target", "draft-copy", "draft-perturbed", "draft-unrelated", "draft-small",
-            "vocab-changed", "vocab-plus100", "eos-changed", "other-family")
+VARIANTS = (
+    "target",
+    "draft-copy",
+    "draft-perturbed",
+    "draft-unrelated",
+    "draft-small",
+    "vocab-changed",
+    "vocab-plus100",
+    "eos-changed",
+    "other-family",
+)
 
 
 def build_all(directory: str | os.PathLike[str]) -> dict[str, Path]:
     """Write every variant as `<directory>/<name>.gguf` (idempotent); return name -> path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    return {name: write_model(directory / f"{name}.gguf", vocab=vocab, weights=weights,
-                              name=f"tiny-{name}")
-            for name, (vocab, weights) in variants().items()}
+    return {
+        name: write_model(directory / f"{name}.gguf", vocab=vocab, weights=weights, name=f"tiny-{name}")
+        for name, (vocab, weights) in variants().items()
+    }
 
 
 if __name__ == "__main__":

@@ -50,7 +50,11 @@ def run(t: Model, d: Model, settings: Settings, n: int, profile: bool):
     numpy_s = 0.0
     if prof:
         for (file, _, name), (_cc, _nc, tt, _ct, _c) in pstats.Stats(prof).stats.items():
-            if "numpy" in file or "numpy" in name or name in ("<method 'argmax' of 'numpy.ndarray' objects>", "<method 'max' of 'numpy.ndarray' objects>"):
+            if (
+                "numpy" in file
+                or "numpy" in name
+                or name in ("<method 'argmax' of 'numpy.ndarray' objects>", "<method 'max' of 'numpy.ndarray' objects>")
+            ):
                 numpy_s += tt
     return got, wall, t.decode_s + d.decode_s, numpy_s
 
@@ -70,8 +74,10 @@ def main() -> int:
         n2, _, _, numpy_s = run(t, d, s, a.n, profile=True)
         outside = (wall - dec) / n
         numpy_per = numpy_s / n2
-        print(f"{label}: {n} tokens in {wall:.2f} s, llama_decode {dec:.2f} s; per token outside llama_decode "
-              f"{1000 * outside:.3f} ms, of which NumPy {1000 * numpy_per:.3f} ms; specrun Python {1000 * (outside - numpy_per):.3f} ms/token")
+        print(
+            f"{label}: {n} tokens in {wall:.2f} s, llama_decode {dec:.2f} s; per token outside llama_decode "
+            f"{1000 * outside:.3f} ms, of which NumPy {1000 * numpy_per:.3f} ms; specrun Python {1000 * (outside - numpy_per):.3f} ms/token"
+        )
     t.close()
     d.close()
     return 0

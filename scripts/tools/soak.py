@@ -51,7 +51,9 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
     modes = ["hybrid", "model", "ngram", "none"]
     info = pair.target_info
     tmpl = ChatTemplate(info.chat_template, "", info.tokens[info.eos_id] if info.eos_id is not None else "")
-    engines = {m: Engine(pair.target, pair.draft if m in ("model", "hybrid") else None, Settings(m), Sampler(0.7, seed=1), cost) for m in modes}
+    engines = {
+        m: Engine(pair.target, pair.draft if m in ("model", "hybrid") else None, Settings(m), Sampler(0.7, seed=1), cost) for m in modes
+    }
     chat = ChatSession(engines["hybrid"], tmpl)
     base = None
     samples = []
@@ -116,9 +118,11 @@ def main() -> int:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
-            print(f"{r['phase']:>5}: {r['turns']} turns, {r['tokens_generated']} tokens; RSS {r['rss_after_warmup_mb']} -> {r['rss_end_mb']} MB "
-                  f"(growth {r['growth_mb']:+.1f} MB, limit {LIMIT_MB}); llama_batch live: {r['batches_live_before_close']} open, "
-                  f"{r['batches_live_after_close']} after close; {'OK' if r['ok'] else 'FAIL'}")
+            print(
+                f"{r['phase']:>5}: {r['turns']} turns, {r['tokens_generated']} tokens; RSS {r['rss_after_warmup_mb']} -> {r['rss_end_mb']} MB "
+                f"(growth {r['growth_mb']:+.1f} MB, limit {LIMIT_MB}); llama_batch live: {r['batches_live_before_close']} open, "
+                f"{r['batches_live_after_close']} after close; {'OK' if r['ok'] else 'FAIL'}"
+            )
     return 0 if all(r["ok"] for r in results) else 1
 
 

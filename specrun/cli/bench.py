@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
+from ..costs import CostModel, Learned
 from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
 from ..engine import Settings
 from ..errors import UsageError
@@ -25,13 +26,31 @@ def register(app: typer.Typer) -> None:
     @shared(LOADING, exclude=("draft",))
     def bench(
         opts: Options,
-        prompts: Annotated[Optional[Path], typer.Option("--prompts", help="A JSONL file of {\"class\", \"prompt\", \"chat\"?, \"n\"?} (default: the built-in set).", show_default=False)] = None,
+        prompts: Annotated[
+            Optional[Path],
+            typer.Option(
+                "--prompts", help='A JSONL file of {"class", "prompt", "chat"?, "n"?} (default: the built-in set).', show_default=False
+            ),
+        ] = None,
         runs: Annotated[int, typer.Option("--runs", help="Measured runs of every prompt and mode (interleaved).", min=1, max=100)] = 2,
-        modes: Annotated[str, typer.Option("--draft", help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).")] = "model,ngram,hybrid",
-        classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)] = None,
-        n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per prompt (a prompt's own \"n\" wins).", min=1)] = 128,
+        modes: Annotated[
+            str,
+            typer.Option(
+                "--draft",
+                help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).",
+            ),
+        ] = "model,ngram,hybrid",
+        classes: Annotated[
+            Optional[str], typer.Option("--classes", help="Only these prompt classes (comma-separated).", show_default=False)
+        ] = None,
+        n_predict: Annotated[
+            int, typer.Option("-n", "--n-predict", help='Most tokens per prompt (a prompt\'s own "n" wins).', min=1)
+        ] = 128,
         json_out: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object.")] = False,
         markdown: Annotated[bool, typer.Option("--markdown", help="Print the results as Markdown tables.")] = False,
+        recalibrate: Annotated[
+            bool, typer.Option("--recalibrate", help="Measure the verify curve afresh instead of starting from the stored one.")
+        ] = False,
     ) -> int:
         """Is speculation worth it for this pair on this machine? Runs plain decoding and each
         mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
@@ -66,17 +85,29 @@ def register(app: typer.Typer) -> None:
                 return pair.target.tokenize(p.prompt, add_special=True, parse_special=True)
 
             store = cost_store()
-            cost = load_costs(store, pair.cost_key)
+            cost = CostModel() if recalibrate else load_costs(store, pair.cost_key)
 
             def progress(s):
-                err.print(f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%", style="dim")
+                err.print(
+                    f"  {s.cls:<12} #{s.prompt_index} run {s.run + 1} {s.mode:<7} {s.stats.generation_tps:6.1f} tok/s  accept {100 * s.stats.acceptance_rate:3.0f}%",
+                    style="dim",
+                )
 
-            result = run_bench(pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress)
-            store.save(pair.cost_key, cost)
+            result = run_bench(
+                pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress
+            )
+            if cost.measured.get("disturbed"):
+                err.print(
+                    f"specrun: the machine was busy while measuring ({cost.measured['disturbed']}): the curve is not stored", style="yellow"
+                )
+            store.save(pair.cost_key, Learned(cost))
             if pair.workers:
                 from ..network import measure
 
-                err.print("specrun: measuring the network's share of a verify (the same batches through the workers and here alone)...", style="dim")
+                err.print(
+                    "specrun: measuring the network's share of a verify (the same batches through the workers and here alone)...",
+                    style="dim",
+                )
                 network = measure(pair, opts.pair).to_json()
         finally:
             pair.close()
@@ -120,12 +151,13 @@ def to_markdown(result: BenchResult) -> str:
         f"Target {data['meta'].get('target')}, draft {data['meta'].get('draft')}, {data['meta'].get('threads')} threads, "
         f"-n {data['meta'].get('n_predict')}, {data['meta'].get('runs')} runs, llama_cpp {data['meta'].get('llama_cpp')}, {data['meta'].get('date')}",
         "",
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | acceptance | mean accepted len | accept by position | same text as plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | accept by position | same text as plain |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cls, mode, s, pos in _summary_rows(result, data):
         out.append(
             f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
+            f"{s['speedup_ci95'][0]:.2f}-{s['speedup_ci95'][1]:.2f} | "
             f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {'yes' if s['identical_to_plain'] else 'NO'} |"
         )
     cm = data["cost_model"]
@@ -135,14 +167,24 @@ def to_markdown(result: BenchResult) -> str:
     out.append("| cost | " + " | ".join(f"{v:.2f}" for v in cm["verify_relative"].values()) + " |")
     out.append("")
     if cm["perfect_drafter_speedup"]:
-        out.append(f"Ceiling: a perfect drafter, verifying the curve's best batch every round, would run {cm['perfect_drafter_speedup']:.2f}x plain.")
+        out.append(
+            f"Ceiling: a perfect drafter, verifying the curve's best batch every round, would run {cm['perfect_drafter_speedup']:.2f}x plain."
+        )
         out.append("")
-    out.append(f"Draft model cost per token: {cm['draft_relative']} of a target token." if cm["draft_relative"] else "Draft model cost per token: not measured.")
+    out.append(
+        f"Draft model cost per token: {cm['draft_relative']} of a target token."
+        if cm["draft_relative"]
+        else "Draft model cost per token: not measured."
+    )
     out.append("")
     out.append("| mode | predicted speedup | measured speedup |")
     out.append("|---|---|---|")
     for m, v in data["predicted_vs_measured"].items():
-        out.append(f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |" if v["measured"] is not None else f"| {m} | {v['predicted']:.2f}x | - |")
+        out.append(
+            f"| {m} | {v['predicted']:.2f}x | {v['measured']:.2f}x |"
+            if v["measured"] is not None
+            else f"| {m} | {v['predicted']:.2f}x | - |"
+        )
     out.append("")
     out.append(f"**Verdict:** {data['verdict']}")
     net = data["meta"].get("network")
@@ -156,10 +198,21 @@ def to_markdown(result: BenchResult) -> str:
 def tables(result: BenchResult):
     data = result.to_json()
     t = Table(title="specrun bench", title_justify="left")
-    for col in ("class", "mode", "tok/s", "± sd", "speedup", "accept", "mean len", "by position"):
+    for col in ("class", "mode", "tok/s", "± sd", "speedup", "95% interval", "accept", "mean len", "by position"):
         t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
     for cls, mode, s, pos in _summary_rows(result, data):
-        t.add_row(cls, mode, f"{s['tps_mean']:.1f}", f"{s['tps_stdev']:.1f}", f"{s['speedup']:.2f}x", f"{100 * s['acceptance_rate']:.0f}%", f"{s['mean_accept_len']:.2f}", pos)
+        lo, hi = s["speedup_ci95"]
+        t.add_row(
+            cls,
+            mode,
+            f"{s['tps_mean']:.1f}",
+            f"{s['tps_stdev']:.1f}",
+            f"{s['speedup']:.2f}x",
+            f"{lo:.2f}-{hi:.2f}",
+            f"{100 * s['acceptance_rate']:.0f}%",
+            f"{s['mean_accept_len']:.2f}",
+            pos,
+        )
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
     for b in data["cost_model"]["verify_relative"]:

@@ -18,7 +18,7 @@ from ..display import event_text, stats_table, status_line, summary_line
 from ..errors import SpecrunError
 from ..session import cost_store, model_template, open_engine
 from ..stream import Event
-from .common import CALIBRATING, SignalStop, load_pair, stderr, stdout
+from .common import SignalStop, load_pair, stderr, stdout
 from .options import ALL, Options, flag_name, shared
 
 HELP_TEXT = """commands:
@@ -42,7 +42,11 @@ def register(app: typer.Typer) -> None:
         system: Annotated[Optional[str], typer.Option("--system", help="System prompt.", show_default=False)] = None,
         n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens per reply.", min=1)] = 1024,
         show_drafts: Annotated[
-            bool, typer.Option("--show-drafts/--no-show-drafts", help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).")
+            bool,
+            typer.Option(
+                "--show-drafts/--no-show-drafts",
+                help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).",
+            ),
         ] = True,
     ) -> int:
         """Chat with a model, speculatively. Replies stream with a live line showing tokens/s,
@@ -55,11 +59,11 @@ def register(app: typer.Typer) -> None:
         try:
             settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
             store = cost_store()
-            engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
+            engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
             try:
                 return Repl(pair, engine, system, n_predict, err, show_drafts and not os.environ.get("NO_COLOR")).run()
             finally:
-                store.save(pair.cost_key, engine.cost)
+                store.save(pair.cost_key, engine.learned())
         finally:
             pair.close()
 
@@ -143,7 +147,12 @@ class Repl:
         if self.interactive:
             self._watch_sigterm()
         if self.interactive:
-            self.err.print(f"specrun chat: {self.pair.target_info.name}" + (f" + {self.pair.draft_info.name}" if self.pair.draft_info else "") + ". /help for commands, Ctrl-D to leave.", style="dim")
+            self.err.print(
+                f"specrun chat: {self.pair.target_info.name}"
+                + (f" + {self.pair.draft_info.name}" if self.pair.draft_info else "")
+                + ". /help for commands, Ctrl-D to leave.",
+                style="dim",
+            )
         with SignalStop() as sig:
             self.sig = sig
             # Ctrl-C outside a reply is a KeyboardInterrupt (cancel the line), not a stop flag
@@ -215,7 +224,10 @@ class Repl:
             if stats is None:
                 return
             if stats.finish_reason == "context":
-                self.err.print(f"(the context is full at {target.n_ctx} tokens: the reply was cut. /reset starts a new conversation, or restart with a larger -c)", style="yellow")
+                self.err.print(
+                    f"(the context is full at {target.n_ctx} tokens: the reply was cut. /reset starts a new conversation, or restart with a larger -c)",
+                    style="yellow",
+                )
             self.err.print(summary_line(stats), style="dim", soft_wrap=True)
         finally:
             signal.signal(signal.SIGINT, old)

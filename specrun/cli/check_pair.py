@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
-from ..display import pair_table
+from ..discovery import drafts_for
+from ..display import drafts_table, pair_table
 from ..errors import EXIT_FAIL
 from ..pair import check_pair
 from ..session import remote_devices
@@ -20,7 +21,15 @@ def register(app: typer.Typer) -> None:
     def check_pair_cmd(
         opts: Options,
         model: Annotated[str, typer.Option("-m", "--model", help="Target: a registry name, alias or .gguf path.")],
-        draft: Annotated[str, typer.Option("-d", "--draft-model", help="Draft: a registry name, alias or .gguf path.")],
+        draft: Annotated[
+            Optional[str],
+            typer.Option(
+                "-d",
+                "--draft-model",
+                help="Draft: a registry name, alias, store reference or .gguf path; without it, list every known file that can draft (as `specrun drafts`).",
+                show_default=False,
+            ),
+        ] = None,
         registry: RegistryOpt = None,
         json_out: JsonOpt = False,
     ) -> int:
@@ -30,11 +39,21 @@ def register(app: typer.Typer) -> None:
         local GPUs (NVML), RPC workers (--rpc; asked for their free memory) and system RAM.
         When they do not fit, it prints the exact flags that would.
 
+        Without -d, list the known GGUF files that can draft for the target instead, ranked,
+        and why the others cannot (exit 1 if none can).
+
         Exit codes: 0 compatible and fits; 1 incompatible or does not fit; 2 usage error;
         3 an input cannot be read.
         """
         reg = load_registry(registry)
         t = require_file(reg.resolve(model))
+        if draft is None:
+            found = drafts_for(reg, t.path, t.label, opts.pair.n_ctx)
+            if json_out:
+                print_json(found.to_json())
+            else:
+                stdout().print(drafts_table(found))
+            return 0 if found.drafts else EXIT_FAIL
         d = require_file(reg.resolve(draft))
         candidates = {e.name: e.path for e in reg.entries.values()}
         cfg = opts.pair

@@ -19,16 +19,18 @@ from ..session import OpenPair, open_pair, require_file, resolve_pair
 from .options import Options, flag_name
 
 __all__ = [
-    "CALIBRATING", "JsonOpt", "RegistryOpt", "SignalStop", "load_pair", "load_registry", "print_json", "require_file",
+    "JsonOpt", "RegistryOpt", "SignalStop", "load_pair", "load_registry", "print_json", "require_file",
     "silence_stdout", "stderr", "stdout",
 ]  # fmt: skip
 
 RegistryOpt = Annotated[
     Optional[Path],
-    typer.Option("--registry", help="A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).", show_default=False),
+    typer.Option(
+        "--registry",
+        help="A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).",
+        show_default=False,
+    ),
 ]
-CALIBRATING = "specrun: measuring this machine's verify costs once (cached for next time)..."
-
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 

@@ -13,7 +13,7 @@ from ..errors import InputError, UsageError
 from ..session import OpenPair, chat_prompt, cost_store, open_engine
 from ..stats import RunStats
 from ..stream import stream_generate
-from .common import CALIBRATING, SignalStop, load_pair, print_json, silence_stdout, stderr
+from .common import SignalStop, load_pair, print_json, silence_stdout, stderr
 from .options import ALL, Options, shared
 
 
@@ -62,10 +62,15 @@ def register(app: typer.Typer) -> None:
     def generate(
         opts: Options,
         prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="The prompt text.", show_default=False)] = None,
-        prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a UTF-8 file.", show_default=False)] = None,
+        prompt_file: Annotated[
+            Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a UTF-8 file.", show_default=False)
+        ] = None,
         chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
         system: Annotated[Optional[str], typer.Option("--system", help="System prompt (with --chat).", show_default=False)] = None,
-        stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this text appears (not printed); repeat for several.", show_default=False)] = None,
+        stop: Annotated[
+            Optional[list[str]],
+            typer.Option("--stop", help="Stop when this text appears (not printed); repeat for several.", show_default=False),
+        ] = None,
         n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Most tokens to generate.", min=1)] = 256,
         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     ) -> int:
@@ -87,7 +92,9 @@ def register(app: typer.Typer) -> None:
             pair.close()
 
 
-def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | None, stops: list[str], n_predict: int, json_out: bool, err) -> int:
+def _run(
+    pair: OpenPair, opts: Options, text: str, chat: bool, system: str | None, stops: list[str], n_predict: int, json_out: bool, err
+) -> int:
     def warn(msg: str) -> None:
         err.print(f"specrun: warning: {msg}", style="yellow")
 
@@ -98,7 +105,7 @@ def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | Non
         prompt_tokens = pair.target.tokenize(text, add_special=True, parse_special=True)
     settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
     store = cost_store()
-    engine = open_engine(pair, settings, opts.sampler, store, lambda: err.print(CALIBRATING, style="dim"))
+    engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     out_tokens: list[int] = []
     pieces: list[str] = []
     broken = False
@@ -115,7 +122,7 @@ def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | Non
                 except BrokenPipeError:
                     broken = True  # the reader is gone (`| head`): stop generating quietly
                     sig.event.set()
-    store.save(pair.cost_key, engine.cost)
+    store.save(pair.cost_key, engine.learned())
     if json_out:
         print_json({"text": "".join(pieces), "tokens": out_tokens, "finish_reason": stats.finish_reason, "stats": stats.to_json()})
     elif not broken:
@@ -131,4 +138,3 @@ def _run(pair: OpenPair, opts: Options, text: str, chat: bool, system: str | Non
     if stats.finish_reason == "interrupted" and sig.signum is not None:
         return sig.exit_code()
     return 0
-

@@ -45,9 +45,9 @@ def _register() -> None:
     """Attach the commands to `app`, once: main() may run many times in one process."""
     if app.registered_commands:
         return
-    from . import bench, chat, check_pair, devices, doctor, generate, inspect_cmd, models, worker
+    from . import bench, chat, check_pair, costs, devices, doctor, drafts, generate, inspect_cmd, models, pull, serve, worker
 
-    for mod in (models, inspect_cmd, check_pair, generate, chat, bench, doctor, devices, worker):
+    for mod in (models, inspect_cmd, check_pair, drafts, pull, generate, chat, bench, serve, costs, doctor, devices, worker):
         mod.register(app)
 
 

@@ -71,12 +71,24 @@ def _flag(
 MODELS = (
     _flag(None, "model", ("-m", "--model"), "Target: a registry name, alias or .gguf path.", str, ...),
     _flag(None, "draft_model", ("-d", "--draft-model"), "Draft model (default: the target's registry draft).", Optional[str]),
-    _flag(None, "registry", ("--registry",), "A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).", Optional[Path]),
+    _flag(
+        None,
+        "registry",
+        ("--registry",),
+        "A models.toml laid over the packaged one (else $SPECRUN_REGISTRY, else ~/.config/specrun/models.toml).",
+        Optional[Path],
+    ),
 )
 PLACEMENT = (
     _flag(PairConfig, "n_ctx", ("-c", "--ctx"), "Context length in tokens.", int),
     _flag(PairConfig, "gpu_layers", ("--gpu-layers", "-ngl"), "Target layers on the GPU; -1 means all.", int),
-    _flag(PairConfig, "gpu_layers_draft", ("--gpu-layers-draft", "-ngld"), "Draft layers on the GPU; -1 means all (default: as --gpu-layers).", Optional[int]),
+    _flag(
+        PairConfig,
+        "gpu_layers_draft",
+        ("--gpu-layers-draft", "-ngld"),
+        "Draft layers on the GPU; -1 means all (default: as --gpu-layers).",
+        Optional[int],
+    ),
     _flag(
         PairConfig,
         "devices",
@@ -133,11 +145,35 @@ RUNTIME = (
     _flag(PairConfig, "verbose", ("--verbose",), "Show llama.cpp's own log on stderr.", bool),
 )
 DRAFTING = (
-    _flag(Settings, "draft", ("--draft",), "Drafter: model, ngram, hybrid (n-gram when it has a guess, else the model) or none (plain decoding).", str),
-    _flag(Settings, "draft_max", ("--draft-max",), "Most draft tokens per round (default: 32 adaptive, where the controller picks K up to it; 8 with --fixed).", Optional[int]),
+    _flag(
+        Settings,
+        "draft",
+        ("--draft",),
+        "Drafter: model, ngram, hybrid (n-gram when it has a guess, else the model) or none (plain decoding).",
+        str,
+    ),
+    _flag(
+        Settings,
+        "draft_max",
+        ("--draft-max",),
+        "Most draft tokens per round (default: 32 adaptive, where the controller picks K up to it; 8 with --fixed).",
+        Optional[int],
+    ),
     _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),
-    _flag(Settings, "p_split", ("--draft-p-split",), "The model drafter stops when its top-token probability falls below this (adaptive mode tunes it).", float),
-    _flag(Settings, "fixed", ("--fixed",), "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-split; use 0 to always draft all).", bool),
+    _flag(
+        Settings,
+        "p_split",
+        ("--draft-p-split",),
+        "The model drafter stops when its top-token probability falls below this (adaptive mode tunes it).",
+        float,
+    ),
+    _flag(
+        Settings,
+        "fixed",
+        ("--fixed",),
+        "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-split; use 0 to always draft all).",
+        bool,
+    ),
     _flag(Settings, "ngram_min", ("--ngram-min",), "Shortest suffix the n-gram drafter matches.", int),
     _flag(Settings, "ngram_max", ("--ngram-max",), "Longest suffix the n-gram drafter matches.", int),
     _flag(
@@ -166,6 +202,8 @@ _OTHER_NAMES = {
     "max_tokens": "-n/--n-predict",
     "runs": "--runs",
     "prompts": "--prompts",
+    "host": "--host",
+    "port": "--port",
 }
 _NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
 

@@ -1,0 +1,192 @@
+"""specrun's default mode against every n-gram type of llama.cpp's own speculative decoding, on
+the bench's prompts, alternated, as ratios to plain decoding of the same prompt.
+
+    python scripts/tools/compare_ngram.py --bin ~/.cache/specrun/llama.cpp-VERSION/build/bin \\
+        [--classes code-edit,summarise] [--runs 3] [-t 2] [--types ngram-simple,...] [--json out.json]
+
+Run it through `scripts/compare-llama-cpp.sh --ngram`, which builds llama.cpp's tools from the
+installed llama-cpp-python's sdist first. Each (run, prompt) runs every mode once, in a rotating
+order, so a noisy machine affects them alike: plain decoding (`specrun generate --draft none`),
+specrun's default (`specrun generate`, hybrid, adaptive), and `llama-speculative-simple
+--spec-type T` for each n-gram type T with its defaults. Prompts go through the model's own
+chat template (rendered once, fed to both tools as the same text). Speeds are each tool's own
+generation tok/s; the table gives, per class and mode, the geometric mean over prompts of the
+median over runs of tok/s divided by plain tok/s, with the range over prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specrun.bench import load_prompts
+from specrun.modelinfo import model_info
+from specrun.template import ChatTemplate, render_chat
+
+MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
+TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPECRUN = Path(sys.executable).parent / "specrun"
+
+
+def render(target: Path, prompt: str) -> str:
+    info = model_info(target)
+    tok = info.tokens
+
+    def text(i: int | None) -> str:
+        return tok[i] if i is not None and 0 <= i < len(tok) else ""
+
+    return render_chat(ChatTemplate(info.chat_template, text(info.bos_id), text(info.eos_id)), [{"role": "user", "content": prompt}])
+
+
+def run_specrun(args, prompt_file: Path, n: int, mode: str | None) -> dict:
+    cmd = [
+        str(SPECRUN),
+        "generate",
+        "-m",
+        str(args.target),
+        "-d",
+        str(args.draft),
+        "-t",
+        str(args.threads),
+        "--prompt-file",
+        str(prompt_file),
+    ]
+    cmd += ["-n", str(n), "--json"] + (["--draft", mode] if mode else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr[-500:]}")
+    s = json.loads(p.stdout)["stats"]
+    return {"tps": s["generation_tps"], "n": s["n_generated"], "drafted": s["n_drafted"], "accepted": s["n_accepted"]}
+
+
+def run_llama(args, prompt_file: Path, n: int, spec_type: str) -> dict:
+    exe = Path(args.bin) / "llama-speculative-simple"
+    cmd = [str(exe), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "-t", str(args.threads)]
+    cmd += ["-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
+    if spec_type.startswith("draft"):
+        cmd += ["-md", str(args.draft)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    out = p.stdout + p.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"{' '.join(cmd)}: {out[-800:]}")
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", out)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", out)
+    return {
+        "tps": float(m.group(3)),
+        "n": int(m.group(1)),
+        "drafted": int(drafted.group(1)) if drafted else None,
+        "accepted": int(accepted.group(1)) if accepted else None,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="llama.cpp's build/bin (with llama-speculative-simple)")
+    ap.add_argument("--target", type=Path, default=MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    ap.add_argument("--draft", type=Path, default=MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
+    ap.add_argument("--classes", default="code-edit,summarise")
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
+    ap.add_argument("--json", type=Path, help="also write every sample here")
+    ap.add_argument("--lock", type=Path, help="hold this lock file (flock) while each prompt's modes run, so other jobs wait")
+    ap.add_argument("--first-run", type=int, default=0, help="number the runs from here (to add runs to an earlier log)")
+    ap.add_argument("--from-log", type=Path, nargs="+", help="print the table from the sample lines of earlier logs, run nothing")
+    args = ap.parse_args()
+    classes = args.classes.split(",")
+    prompts = [p for p in load_prompts() if p.cls in classes]
+    if args.limit:
+        prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
+    modes = ["plain", "specrun"] + args.types.split(",")
+    samples: list[dict] = []
+    if args.from_log:
+        for log in args.from_log:
+            for line in log.read_text().splitlines():
+                m = SAMPLE.match(line)
+                if m:
+                    drafted, accepted = (None if x == "None" else int(x) for x in (m["drafted"], m["accepted"]))
+                    samples.append(
+                        {
+                            "cls": m["cls"],
+                            "prompt": int(m["prompt"]),
+                            "run": int(m["run"]) - 1,
+                            "mode": m["mode"],
+                            "tps": float(m["tps"]),
+                            "n": int(m["n"]),
+                            "drafted": drafted,
+                            "accepted": accepted,
+                        }
+                    )
+        table(samples, classes, prompts, modes)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, p in enumerate(prompts):
+            f = Path(tmp) / f"prompt{i}.txt"
+            f.write_text(render(args.target, p.prompt) if p.chat else p.prompt)
+            files.append(f)
+        for run in range(args.first_run, args.first_run + args.runs):
+            for i, (p, f) in enumerate(zip(prompts, files)):
+                order = modes[(run + i) % len(modes) :] + modes[: (run + i) % len(modes)]  # rotate: no mode always first
+                lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115 - held for the loop below
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                for mode in order:
+                    n = p.n_predict or 128
+                    if mode == "plain":
+                        r = run_specrun(args, f, n, "none")
+                    elif mode == "specrun":
+                        r = run_specrun(args, f, n, None)
+                    else:
+                        r = run_llama(args, f, n, mode)
+                    samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
+                    print(
+                        f"run {run + 1} {p.cls:<10} #{i} {mode:<14} {r['tps']:6.2f} tok/s  n {r['n']}  drafted {r['drafted']} accepted {r['accepted']}",
+                        flush=True,
+                    )
+                if lock is not None:
+                    lock.close()  # releases the lock
+    if args.json:
+        args.json.write_text(json.dumps(samples, indent=1))
+    table(samples, classes, prompts, modes)
+    return 0
+
+
+SAMPLE = re.compile(
+    r"run (?P<run>\d+) (?P<cls>\S+)\s+#(?P<prompt>\d+) (?P<mode>\S+)\s+(?P<tps>[\d.]+) tok/s\s+n (?P<n>\d+)\s+drafted (?P<drafted>\w+) accepted (?P<accepted>\w+)"
+)
+
+
+def table(samples: list[dict], classes: list[str], prompts: list, modes: list[str]) -> None:
+    runs = len({s["run"] for s in samples})
+    print(f"\n{runs} run(s); per prompt the median over runs, per class the geometric mean over prompts\n")
+    print("| class | mode | speedup vs plain (geomean of per-prompt medians) | range over prompts | acceptance |")
+    print("|---|---|---|---|---|")
+    for c in classes:
+        for mode in modes[1:]:
+            ratios, drafted, accepted = [], 0, 0
+            for i, p in enumerate(prompts):
+                mine = [s for s in samples if s["prompt"] == i and s["mode"] == mode]
+                plain = [s["tps"] for s in samples if s["prompt"] == i and s["mode"] == "plain"]
+                if p.cls != c or not mine or not plain:
+                    continue
+                ratios.append(statistics.median(s["tps"] for s in mine) / statistics.median(plain))
+                drafted += sum(s["drafted"] or 0 for s in mine)
+                accepted += sum(s["accepted"] or 0 for s in mine)
+            acc = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
+            if ratios:
+                print(f"| {c} | {mode} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {acc} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

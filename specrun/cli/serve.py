@@ -1,0 +1,168 @@
+"""`specrun serve`: the pair behind an OpenAI-compatible HTTP API, with a live line per request."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+import threading
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from ..display import request_line
+from ..errors import EXIT_SIGINT, EXIT_SIGTERM
+from ..session import OpenPair, cost_store, open_engine
+from .common import load_pair, load_registry, stderr
+from .options import ALL, Options, flag_name, shared
+
+MAX_BODY = 4 << 20
+
+
+class TerminalView:
+    """The host's observer: the running request on a live line (in a terminal), one line per
+    finished request above it; ``quiet`` keeps only warnings and errors."""
+
+    def __init__(self, err: Console, quiet: bool):
+        self.err, self.quiet = err, quiet
+        self.live: Live | None = None
+        self.job = None
+        self.waiting = lambda: 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> TerminalView:
+        if not self.quiet and self.err.is_terminal:
+            self.live = Live(get_renderable=self._render, console=self.err, refresh_per_second=4, transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def _render(self) -> Text:
+        job = self.job
+        if job is None:
+            waiting = self.waiting()
+            return Text(f"idle{f', {waiting} waiting' if waiting else ''}", style="dim")
+        return request_line(job.label, job.state, job.stats, self.waiting())
+
+    def print(self, text: Text | str, style: str | None = None) -> None:
+        with self.lock:
+            self.err.print(text, style=style, soft_wrap=True, highlight=False)
+
+    def started(self, job) -> None:
+        self.job = job
+
+    def progress(self, job) -> None:
+        pass  # the live line reads the job's stats when it refreshes
+
+    def finished(self, job) -> None:
+        self.job = None
+        if not self.quiet and job.stats is not None:
+            self.print(request_line(job.label, job.state, job.stats))
+        elif not self.quiet:
+            self.print(Text(f"{job.label}  {job.state}", style="dim"))
+
+    def notice(self, text: str) -> None:
+        self.print(f"specrun: {text}", style="yellow" if text.startswith(("warning", "internal")) else "dim")
+
+
+def exposure_warning(address: str, key: str | None) -> str | None:
+    """The warning for a server other machines can reach without a key (None when it is fine)."""
+    if key is not None or ipaddress.ip_address(address).is_loopback:
+        return None
+    return (
+        f"warning: listening on {address}, which other machines can reach, with no API key: anyone who can reach this port "
+        "can use the models; set SPECRUN_API_KEY or --api-key, or listen on 127.0.0.1"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    @shared(ALL)
+    def serve(
+        opts: Options,
+        host: Annotated[
+            str, typer.Option("--host", help="Address to listen on. Anything but loopback needs an API key to be safe.")
+        ] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0 picks a free one and prints it).")] = 8080,
+        api_key: Annotated[
+            Optional[str],
+            typer.Option(
+                "--api-key",
+                envvar="SPECRUN_API_KEY",
+                show_default=False,
+                help="Require Authorization: Bearer KEY on /v1 routes (prefer the SPECRUN_API_KEY variable: flags show in ps).",
+            ),
+        ] = None,  # fmt: skip
+        max_queue: Annotated[
+            int, typer.Option("--max-queue", min=0, help="Requests that may wait while one runs; past that, 429 with Retry-After.")
+        ] = 16,
+        max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 past it).")] = MAX_BODY,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No per-request lines on the terminal (warnings and errors still show).")
+        ] = False,
+    ) -> int:
+        """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
+        /v1/completions, /v1/models, /health, /metrics), with speculative decoding. The KV
+        cache is kept across requests; requests run one at a time, in arrival order.
+
+        Exit codes: 143 after SIGTERM, 130 after SIGINT (in-flight streams end first, with
+        finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
+        used; 2 usage error; 3 unreadable model or registry.
+        """
+        from ..server.run import listen
+
+        err = stderr()
+        sock = listen(host, port)  # before loading: a taken port fails in milliseconds
+        try:
+            pair = load_pair(opts, err)
+            released = True
+            try:
+                signum, released = _serve(pair, opts, sock, api_key or None, max_queue, max_body, quiet, err)
+            finally:
+                if released:  # else the engine thread still holds the models: exit frees them
+                    pair.close()
+        finally:
+            sock.close()
+        return EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT if signum == signal.SIGINT else 0
+
+
+def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, quiet: bool, err: Console):
+    """Serve until a signal; returns it, and whether the engine thread has let go of the models."""
+    from ..server.app import Served, create_app
+    from ..server.host import Host
+    from ..server.metrics import Metrics
+    from ..server.run import address, serve
+
+    where, port = address(sock)
+    settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model()
+    store = cost_store()
+    engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
+    resolved = load_registry(opts.registry).resolve(opts.model)
+    served = Served(
+        name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft=pair.labels[1],
+        n_ctx=pair.target.n_ctx, settings=settings, sampler=opts.sampler, api_key=key, max_body=max_body, flag_name=flag_name,
+    )  # fmt: skip
+    with TerminalView(err, quiet) as view:
+        host = Host(pair, engine, max_queue=max_queue, observer=view)
+        metrics = Metrics(host.queue_length, host.busy)
+        host.on_finish = metrics.observe
+        view.waiting = host.queue_length
+        host.start()
+        url_host = f"[{where}]" if ":" in where else where
+        drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
+        view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.draft}), context {pair.target.n_ctx}", style="dim")
+        view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
+        warning = exposure_warning(where, key)
+        if warning:
+            view.print(f"specrun: {warning}", style="bold yellow")
+        signum = serve(create_app(host, served, metrics), sock, host.stop)
+        released = host.join(timeout=60)
+    store.save(pair.cost_key, engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
+    err.print("specrun: stopped" + (f" by {signal.Signals(signum).name}" if signum else ""), style="dim")
+    return signum, released

@@ -1,0 +1,429 @@
+"""The OpenAI-compatible HTTP API: a thin adapter over the engine host and the stream layer.
+
+Routes (also without the ``/v1`` prefix, for clients configured that way):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true: server-sent
+  events, ``data: [DONE]`` last);
+* ``GET /v1/models``, ``GET /v1/models/{id}``;
+* ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key.
+
+Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
+400 malformed JSON or a request that cannot be served (``n > 1``, a prompt longer than the
+context), 401 a missing or wrong key, 404 an unknown model or route, 413 a body over
+``max_body``, 422 a field of the wrong type or out of range, 429 the queue is full (with
+``Retry-After``), 503 the server is stopping. Messages name the JSON field, never a flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine import Settings
+from ..errors import SpecrunError, UsageError
+from ..sampling import Sampler
+from ..session import model_template
+from ..stats import RunStats
+from ..stream import Event
+from ..template import render_chat
+from .host import Busy, Host, Job, Request, ShuttingDown, Start
+from .metrics import CONTENT_TYPE, Metrics
+from .schemas import ApiError, ChatRequest, CompletionRequest, param_of
+
+_Req = TypeVar("_Req", ChatRequest, CompletionRequest)
+
+__all__ = ["Served", "create_app", "finish_reason", "timings", "usage"]
+
+# core settings as a request names them (the rest are the server's own flags)
+PARAMS = {
+    "draft_max": "speculative.n_max", "draft_min": "speculative.n_min", "p_split": "speculative.p_min", "fixed": "speculative.fixed",
+    "draft": "draft", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+    "prompt": "prompt", "max_tokens": "max_tokens",
+}  # fmt: skip
+# specrun's finish reasons as OpenAI's (a full context is "length", as in llama-server);
+# "interrupted" (the server is stopping) has no OpenAI word and keeps its own
+FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length", "interrupted": "interrupted"}
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the server serves and how: the model's names and the request defaults."""
+
+    name: str  # the target's registry name (or file name)
+    aliases: tuple[str, ...] = ()
+    draft: str | None = None
+    n_ctx: int = 0
+    settings: Settings = field(default_factory=Settings)
+    sampler: Sampler = field(default_factory=Sampler)
+    api_key: str | None = None
+    max_body: int = 4 << 20
+    flag_name: Callable[[str], str] = lambda s: s  # a server setting as its flag, for messages
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def accepts(self, model: str) -> bool:
+        return model in (self.name, *self.aliases)
+
+
+def finish_reason(reason: str | None) -> str:
+    return FINISH.get(reason or "interrupted", "stop")
+
+
+def timings(s: RunStats) -> dict:
+    """llama-server's ``timings`` object for one request."""
+
+    def per(n: float, seconds: float) -> float:
+        return round(n / seconds, 3) if seconds > 0 else 0.0
+
+    return {
+        "cache_n": s.n_cached_tokens,
+        "prompt_n": s.n_prompt_tokens,
+        "prompt_ms": round(s.prompt_s * 1e3, 3),
+        "prompt_per_token_ms": round(s.prompt_s * 1e3 / s.n_prompt_tokens, 3) if s.n_prompt_tokens else 0.0,
+        "prompt_per_second": per(s.n_prompt_tokens, s.prompt_s),
+        "predicted_n": s.n_generated,
+        "predicted_ms": round(s.wall_s * 1e3, 3),
+        "predicted_per_token_ms": round(s.wall_s * 1e3 / s.n_generated, 3) if s.n_generated else 0.0,
+        "predicted_per_second": per(s.n_generated, s.wall_s),
+        "draft_n": s.n_drafted,
+        "draft_n_accepted": s.n_accepted,
+    }
+
+
+def usage(start: Start, s: RunStats) -> dict:
+    """OpenAI's ``usage``; the prediction-token details are what speculation accepted and rejected."""
+    return {
+        "prompt_tokens": start.n_prompt,
+        "completion_tokens": s.n_generated,
+        "total_tokens": start.n_prompt + s.n_generated,
+        "prompt_tokens_details": {"cached_tokens": s.n_cached_tokens},
+        "completion_tokens_details": {"accepted_prediction_tokens": s.n_accepted, "rejected_prediction_tokens": s.n_drafted - s.n_accepted},
+    }
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413, by Content-Length or as it streams in."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_big = ApiError(
+            413, f"the request body is over the server's limit of {self.limit} bytes (--max-body)", None, "request_too_large"
+        )
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _error_response(too_big)(scope, receive, send)
+        seen = 0
+        started = False
+
+        async def counted():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooBig()
+            return msg
+
+        async def tracked(msg):
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooBig:
+            if not started:
+                await _error_response(too_big)(scope, receive, send)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
+    app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
+    template = model_template(host.pair)
+    app.add_middleware(BodyLimit, limit=served.max_body)
+    key = served.api_key.encode() if served.api_key else None
+
+    def name_of(setting: str) -> str:
+        return PARAMS.get(setting) or f"the server's {served.flag_name(setting)}"
+
+    def api_error(e: BaseException, status: int = 400) -> ApiError:
+        if isinstance(e, ApiError):
+            return e
+        if isinstance(e, ShuttingDown):
+            return ApiError(503, "the server is shutting down", None, "shutting_down")
+        if isinstance(e, SpecrunError):
+            param = PARAMS.get(e.field or "") if e.field else None
+            return ApiError(status, e.render(name_of), param, "context_length_exceeded" if e.field == "n_ctx" else None)
+        return ApiError(500, f"internal error: {type(e).__name__}: {e}", None, "internal_error")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: HttpRequest, e: ApiError):
+        return _error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: HttpRequest, e: StarletteHTTPException):
+        what = {404: f"no route {request.method} {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return _error_response(
+            ApiError(e.status_code, what.get(e.status_code, str(e.detail)), None, "not_found" if e.status_code == 404 else None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(request: HttpRequest, e: Exception):
+        return _error_response(api_error(e))
+
+    def authorize(request: HttpRequest) -> None:
+        if key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # constant-time: the comparison takes as long whatever the first wrong byte is
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
+            raise ApiError(401, "a valid API key is required: send Authorization: Bearer KEY", None, "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    async def parse(request: HttpRequest, model: type[_Req]) -> _Req:
+        authorize(request)
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
+        try:
+            req = model.model_validate(data)
+        except ValidationError as e:
+            param, msg = param_of(e)
+            raise ApiError(422, msg, param, "invalid_value") from None
+        req.check_unsupported()
+        if req.model is not None and not served.accepts(req.model):
+            names = ", ".join((served.name, *served.aliases))
+            raise ApiError(404, f"model {req.model!r} is not served here; this server serves {names}", "model", "model_not_found")
+        return req
+
+    def drafting(req) -> tuple[Settings, Sampler]:
+        """The server's settings with the request's overrides (validated by the core values)."""
+        spec = req.speculative
+        changes: dict[str, Any] = {}
+        if req.draft is not None:
+            changes["draft"] = req.draft
+        if spec is not None:
+            for name, value in (("draft_max", spec.n_max), ("draft_min", spec.n_min), ("p_split", spec.p_min), ("fixed", spec.fixed)):
+                if value is not None:
+                    changes[name] = value
+        picks = {k: getattr(req, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed") if getattr(req, k) is not None}
+        try:
+            return dataclasses.replace(served.settings, **changes), dataclasses.replace(served.sampler, **picks)
+        except UsageError as e:
+            raise ApiError(422, e.render(name_of), PARAMS.get(e.field or ""), "invalid_value") from None
+
+    async def run(request: HttpRequest, r: Request, stream: bool, shape: _Shape):
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+
+        def post(msg: tuple[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            except RuntimeError:  # the loop has closed: nobody is listening
+                pass
+
+        client = request.client.host if request.client else "-"
+        job = Job(r, post, label=f"#{host.next_id()} {r.kind} {client}", stream=stream)
+        try:
+            host.submit(job)
+        except Busy as e:
+            metrics.rejected.inc()
+            raise ApiError(429, f"{e}; retry in {e.retry_after} s", None, "queue_full", {"Retry-After": str(e.retry_after)}) from None
+        except ShuttingDown as e:
+            raise api_error(e) from None
+        try:
+            kind, payload = await _next(inbox, request, job)
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        except BaseException:
+            job.cancel.set()
+            raise
+        if kind == "error":
+            raise api_error(payload)
+        start: Start = payload
+        headers = {"X-Specrun-Notice": "; ".join(start.notices)} if start.notices else {}
+        if stream:
+            return StreamingResponse(
+                _events(inbox, job, start, shape, api_error), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+            )  # fmt: skip
+        try:  # one message: the last event, with the whole text
+            kind, payload = await _next(inbox, request, job)
+            if kind == "error":
+                raise api_error(payload)
+        except _ClientGone:
+            return Response(status_code=499)
+        except BaseException:
+            job.cancel.set()
+            raise
+        body = shape.whole(payload.text, payload, start)
+        if start.notices:
+            body["notices"] = list(start.notices)
+        return JSONResponse(body, headers=headers)
+
+    @app.get("/health")
+    async def health():
+        if host.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok", "model": served.name, "busy": host.busy(), "queued": host.queue_length()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
+
+    def model_card() -> dict:
+        return {
+            "id": served.name, "object": "model", "created": served.created, "owned_by": "specrun",
+            "aliases": list(served.aliases), "draft": served.draft, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.draft},
+        }  # fmt: skip
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models(request: HttpRequest):
+        authorize(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
+    async def model(model_id: str, request: HttpRequest):
+        authorize(request)
+        if not served.accepts(model_id):
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {served.name}", "model", "model_not_found")
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
+    async def chat(request: HttpRequest):
+        req = await parse(request, ChatRequest)
+        settings, sampler = drafting(req)
+        limit, limit_field = req.limit()
+        # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
+        text = render_chat(template, req.conversation(), host.warn)
+        add_special = not (template.bos_token and text.startswith(template.bos_token))
+        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
+        return await run(request, r, req.stream, _Shape("chat", served.name, req.include_usage))
+
+    @app.post("/v1/completions")
+    @app.post("/completions", include_in_schema=False)
+    async def completions(request: HttpRequest):
+        req = await parse(request, CompletionRequest)
+        settings, sampler = drafting(req)
+        text = req.prompt_text()
+        ids = () if text is not None else tuple(int(t) for t in req.prompt)
+        r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
+                    prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
+        return await run(request, r, req.stream, _Shape("completion", served.name, req.include_usage))
+
+    return app
+
+
+async def _next(inbox: asyncio.Queue, request: HttpRequest, job: Job) -> tuple[str, Any]:
+    """The engine's next message; a client that has gone away cancels the job."""
+    while True:
+        try:
+            return await asyncio.wait_for(inbox.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel.set()
+                raise _ClientGone() from None
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+@dataclass
+class _Shape:
+    """OpenAI's response objects for one request: chat or text completion."""
+
+    kind: str
+    model: str
+    include_usage: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, chunk: bool) -> dict:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.kind == "chat" else "text_completion"
+        prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+        return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": "specrun"}
+
+    def whole(self, text: str, last: Event, start: Start) -> dict:
+        reason = finish_reason(last.finish_reason)
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {**self._head(False), "choices": [choice], "usage": usage(start, last.stats), "timings": timings(last.stats)}
+
+    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> dict:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        out = {**self._head(True), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+
+async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, api_error) -> AsyncIterator[bytes]:
+    """The SSE stream; leaving early (the client went away, the server stops) cancels the job."""
+    try:
+        if shape.kind == "chat":
+            yield _sse(shape.chunk(None, role=True))
+        while True:
+            kind, payload = await inbox.get()
+            if kind == "error":
+                yield _sse(api_error(payload).body())
+                return
+            event: Event = payload
+            if event.finish_reason is None:
+                if event.text:
+                    yield _sse(shape.chunk(event.text))  # resumes once the chunk has been sent
+                job.delivered()
+                continue
+            last = shape.chunk(event.text or None, finish_reason(event.finish_reason))
+            last["timings"] = timings(event.stats)
+            if event.text and shape.kind == "chat":  # the held-back tail, then the finish on its own
+                yield _sse(shape.chunk(event.text))
+                last = {**last, "choices": [{**last["choices"][0], "delta": {}}]}
+            yield _sse(last)
+            if shape.include_usage:
+                yield _sse({**shape._head(True), "choices": [], "usage": usage(start, event.stats)})
+            yield b"data: [DONE]\n\n"
+            return
+    finally:
+        job.cancel.set()  # a no-op once the job is done; otherwise it ends within a round

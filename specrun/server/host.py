@@ -1,0 +1,346 @@
+"""The engine host: one thread owns the loaded pair and serves requests one at a time, in
+arrival order, from a bounded queue.
+
+A request is a :class:`Job`. The HTTP side submits it (refused at once when the queue is full
+or the server is stopping) and reads what the engine thread posts back, in order:
+
+* ``("start", Start)`` once the prompt is tokenized and fits (the stream's headers can go out);
+* ``("event", Event)`` per round, from :func:`specrun.stream.stream_generate` (the last one
+  carries the finish reason); a job that does not stream gets only the last event, with the
+  whole text;
+* or ``("error", exc)`` instead, at any point.
+
+A streaming job's reader calls ``Job.delivered()`` once it has sent an event on, and the engine
+waits for that (up to ``ACK_WAIT_S``) before its next round: the HTTP side's work then happens
+while the engine is idle, not while llama.cpp's threads decode. On a machine whose cores all
+decode, a thread that wakes up mid-decode stalls the whole decode by a scheduler time slice;
+handing over between rounds costs a fraction of a millisecond instead.
+
+Setting ``Job.cancel`` (the client went away, the server is stopping) ends the generation
+within one round; a job cancelled while it waits is dropped when its turn comes.
+
+The KV cache is kept across requests. The engine's prefill already reuses the longest common
+prefix of token ids; on top of that the host remembers the last request's text and tokens
+(the reply as generated, not re-tokenized), so a request whose text extends the previous one
+(the next chat turn, a completion that continues the last) keeps those tokens and tokenizes
+only what is new, as `specrun chat` does. One engine serves each distinct combination of
+drafting and sampling settings: they share the loaded models, the caches and the measured
+costs, and each keeps its own controller learning across the requests that use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..engine import Engine, Settings
+from ..errors import SpecrunError
+from ..sampling import Sampler
+from ..session import OpenPair
+from ..stats import RunStats
+from ..stream import Event, stream_generate
+from .schemas import ApiError
+
+__all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
+
+MAX_ENGINES = 8  # distinct per-request settings kept warm (each has its own controller)
+ACK_WAIT_S = 0.05  # longest wait for a streaming reader to send an event on (a slow client is not waited for)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request, as the engine thread needs it."""
+
+    kind: str  # "chat" | "completion"
+    settings: Settings
+    sampler: Sampler  # the request's own seed included (None: the engine's stream goes on)
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None  # None: up to the context
+    limit_field: str = "max_tokens"  # how the request named the limit
+    prompt_text: str | None = None  # the prompt as text (a chat's is its rendered template)
+    prompt_ids: tuple[int, ...] = ()  # or a completion's prompt as token ids
+    add_special: bool = True  # let the tokenizer add BOS (not when a template wrote it)
+    prompt_field: str = "messages"
+
+
+@dataclass(frozen=True)
+class Start:
+    n_prompt: int  # prompt tokens, cached ones included
+    max_tokens: int  # the limit in force (capped at the context)
+    notices: tuple[str, ...] = ()
+
+
+@dataclass
+class Job:
+    request: Request
+    post: Callable[[tuple[str, Any]], None]  # thread-safe: hands a message to the HTTP side
+    label: str = ""  # for the terminal: "#3 chat 127.0.0.1"
+    stream: bool = True  # False: only the last event is posted, with the whole text
+    cancel: threading.Event = field(default_factory=threading.Event)
+    state: str = "queued"  # queued | running | done | cancelled | error
+    stats: RunStats | None = None
+    queued_at: float = field(default_factory=time.monotonic)
+    _sent: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0), repr=False)
+
+    def delivered(self) -> None:
+        """The reader has sent an event on (see ACK_WAIT_S)."""
+        self._sent.release()
+
+
+class Observer(Protocol):
+    """The terminal's view of the host (called from the engine thread)."""
+
+    def started(self, job: Job) -> None: ...
+    def progress(self, job: Job) -> None: ...
+    def finished(self, job: Job) -> None: ...
+    def notice(self, text: str) -> None: ...
+
+
+class Busy(Exception):
+    """The queue is full."""
+
+    def __init__(self, waiting: int, retry_after: int):
+        super().__init__(f"the server is busy: {waiting} requests are waiting (--max-queue)")
+        self.waiting, self.retry_after = waiting, retry_after
+
+
+class ShuttingDown(Exception):
+    """The server is stopping and takes no new work."""
+
+
+class _Quiet:
+    def started(self, job: Job) -> None: ...
+    def progress(self, job: Job) -> None: ...
+    def finished(self, job: Job) -> None: ...
+    def notice(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Past:
+    """The last request's text and the tokens that produced it (the reply as generated)."""
+
+    text: str
+    tokens: tuple[int, ...]
+
+
+def _engine_key(settings: Settings, sampler: Sampler) -> tuple[Settings, Sampler]:
+    return settings, dataclasses.replace(sampler, seed=None)
+
+
+class Host:
+    def __init__(
+        self,
+        pair: OpenPair,
+        engine: Engine,
+        *,
+        max_queue: int = 16,
+        observer: Observer | None = None,
+        on_finish: Callable[[RunStats], None] | None = None,
+    ):
+        self.pair = pair
+        self.cost = engine.cost
+        self.engines: OrderedDict[tuple[Settings, Sampler], Engine] = OrderedDict()
+        self.base_key = _engine_key(engine.settings, engine.sampler)
+        self.engines[self.base_key] = engine
+        self.max_queue = max_queue
+        self.observer: Observer = observer or _Quiet()
+        self.on_finish = on_finish
+        self.past: dict[str, _Past] = {}
+        self.cond = threading.Condition()
+        self.waiting: deque[Job] = deque()
+        self.current: Job | None = None
+        self.stopping = False
+        self.durations: deque[float] = deque(maxlen=16)  # recent requests' seconds, for Retry-After
+        self.ids = itertools.count(1)
+        self.warned: set[str] = set()
+        self.thread = threading.Thread(target=self._run, name="specrun-engine", daemon=True)
+
+    # --- the HTTP side --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` in arrival order; raise Busy or ShuttingDown instead of queueing."""
+        with self.cond:
+            if self.stopping:
+                raise ShuttingDown()
+            busy = self.current is not None or bool(self.waiting)
+            if busy and len(self.waiting) >= self.max_queue:
+                raise Busy(len(self.waiting), self.retry_after())
+            self.waiting.append(job)
+            self.cond.notify()
+
+    def retry_after(self) -> int:
+        """Seconds until a place is likely free: the queue ahead times a recent request's time."""
+        typical = sorted(self.durations)[len(self.durations) // 2] if self.durations else 5.0
+        return max(1, min(600, round(typical * (len(self.waiting) + 1))))
+
+    def queue_length(self) -> int:
+        return len(self.waiting)
+
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def stop(self) -> None:
+        """Take no new work, end the running generation within a round, refuse the waiting."""
+        with self.cond:
+            self.stopping = True
+            if self.current is not None:
+                self.current.cancel.set()
+            dropped = list(self.waiting)
+            self.waiting.clear()
+            self.cond.notify_all()
+        for job in dropped:
+            job.state = "cancelled"
+            job.post(("error", ShuttingDown()))
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    # --- the engine thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.waiting and not self.stopping:
+                    self.cond.wait()
+                if self.stopping and not self.waiting:
+                    return
+                job = self.waiting.popleft()
+                if job.cancel.is_set():  # its client left while it waited
+                    job.state = "cancelled"
+                    continue
+                self.current = job
+            t0 = time.monotonic()
+            try:
+                self._serve(job)
+            finally:
+                with self.cond:
+                    self.current = None
+                self.durations.append(time.monotonic() - t0)
+
+    def _serve(self, job: Job) -> None:
+        req = job.request
+        job.state = "running"
+        self.observer.started(job)
+        stats: RunStats | None = None
+        try:
+            engine = self._engine(req.settings, req.sampler)
+            tokens, text = self._prompt(req)
+            n_ctx = self.pair.target.n_ctx
+            if len(tokens) >= n_ctx:
+                raise ApiError(
+                    400,
+                    f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, with no room for a reply: "
+                    "shorten the prompt, or restart the server with a larger --ctx",
+                    req.prompt_field,
+                    "context_length_exceeded",
+                )
+            room = n_ctx - len(tokens)
+            limit = room if req.max_tokens is None else min(req.max_tokens, room)
+            notices: tuple[str, ...] = ()
+            if req.max_tokens is not None and req.max_tokens > room:
+                notices = (
+                    f"{req.limit_field} {req.max_tokens} capped at {room}: the prompt takes {len(tokens)} of the {n_ctx}-token context",
+                )
+            if req.sampler.seed is not None:
+                engine.reseed(req.sampler.seed)
+            job.post(("start", Start(len(tokens), limit, notices)))
+            out: list[int] = []
+            said: list[str] = []
+            event: Event | None = None
+            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel):
+                stats = job.stats = event.stats
+                out.extend(event.tokens)
+                said.append(event.text)
+                if event.finish_reason is not None:  # counted before the client hears of it
+                    self._count(stats)
+                    stats = None
+                if job.stream:
+                    job.post(("event", event))
+                    job._sent.acquire(timeout=ACK_WAIT_S)
+                elif event.finish_reason is not None:
+                    job.post(("event", dataclasses.replace(event, text="".join(said), segments=())))
+                self.observer.progress(job)
+            reason = event.finish_reason if event is not None else "interrupted"
+            job.state = "cancelled" if reason == "interrupted" else "done"
+            self._remember(req, text, tokens, out, "".join(said), reason)
+        except (SpecrunError, ApiError) as e:
+            job.state = "error"
+            job.post(("error", e))
+        except Exception as e:  # a bug: the client gets a 500, the server goes on
+            job.state = "error"
+            job.post(("error", e))
+            self.observer.notice(f"internal error in {job.label}: {type(e).__name__}: {e}")
+        finally:
+            if stats is not None:  # ended by an error: count what was done
+                self._count(stats)
+            self.observer.finished(job)
+
+    def _count(self, stats: RunStats) -> None:
+        if self.on_finish is not None:
+            self.on_finish(stats)
+
+    def _engine(self, settings: Settings, sampler: Sampler) -> Engine:
+        """The engine for these settings (made on first use, sharing the models and costs)."""
+        if self.pair.draft is None:
+            settings = settings.without_draft_model()
+        key = _engine_key(settings, sampler)
+        engine = self.engines.get(key)
+        if engine is None:
+            engine = Engine(self.pair.target, self.pair.draft, settings, dataclasses.replace(sampler, seed=None), self.cost)
+            if settings.sources and not settings.fixed and not self.cost.verify:
+                self.observer.notice("measuring this machine's verify costs once (cached for next time)...")
+                engine.calibrate()
+            self.engines[key] = engine
+            while len(self.engines) > MAX_ENGINES:  # the least recently used, never the server's own
+                old = next(k for k in self.engines if k != self.base_key)
+                del self.engines[old]
+        self.engines.move_to_end(key)
+        return engine
+
+    def warn(self, msg: str) -> None:
+        """A template's fallback and the like, once each, on the terminal."""
+        if msg not in self.warned:
+            self.warned.add(msg)
+            self.observer.notice(f"warning: {msg}")
+
+    def _prompt(self, req: Request) -> tuple[list[int], str | None]:
+        """The request's token ids, and its text (None when it came as token ids)."""
+        target = self.pair.target
+        if req.prompt_text is None:
+            bad = [t for t in req.prompt_ids if not 0 <= t < target.n_vocab]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})", "prompt")
+            return list(req.prompt_ids), None
+        text = req.prompt_text
+        past = self.past.get(req.kind)
+        if past is not None and len(text) > len(past.text) and text.startswith(past.text):
+            # the previous request's text, extended: keep its tokens, tokenize only the new text
+            return list(past.tokens) + target.tokenize(text[len(past.text) :], add_special=False, parse_special=True), text
+        tokens = target.tokenize(text, add_special=req.add_special, parse_special=True)
+        if not tokens:
+            raise ApiError(400, "the prompt is empty", req.prompt_field)
+        return tokens, text
+
+    def _remember(self, req: Request, text: str | None, tokens: list[int], out: list[int], reply: str, reason: str | None) -> None:
+        if text is None:
+            self.past.pop(req.kind, None)
+            return
+        if reason == "stop_string":  # tokens past the stop string are not in the text: keep the prompt only
+            self.past[req.kind] = _Past(text, tuple(tokens))
+            return
+        eog = self.pair.target.is_eog
+        self.past[req.kind] = _Past(text + reply, tuple(tokens) + tuple(t for t in out if not eog(t)))
+
+    def next_id(self) -> int:
+        return next(self.ids)

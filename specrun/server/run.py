@@ -1,0 +1,94 @@
+"""Listening and stopping.
+
+``listen`` binds the socket before anything loads, so a taken port or a bad address is one
+clear error, not a failure after minutes of loading. ``serve`` runs uvicorn on that socket
+until SIGTERM or SIGINT: the first signal stops the engine host (the running generation ends
+within a round with its finish reason set, waiting requests get 503), uvicorn closes the
+listener and waits for the open streams to finish; a second signal stops at once. It
+returns the signal number, so the command can exit 143 or 130 as every specrun command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+import socket
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from ..errors import SpecrunError, UsageError
+
+__all__ = ["is_loopback", "listen", "serve"]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise UsageError(f"{{port}} must be in [0, 65535], got {port}", "0 picks a free port", "port")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise UsageError(f"cannot resolve {{host}} {host!r}: {e.strerror}", "give an address such as 127.0.0.1", "host") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise SpecrunError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}", "pick another {port} (0 picks a free one)", "port"
+        ) from None
+    return sock
+
+
+def address(sock: socket.socket) -> tuple[str, int]:
+    host, port = sock.getsockname()[:2]
+    return host, port
+
+
+def is_loopback(sock: socket.socket) -> bool:
+    return ipaddress.ip_address(address(sock)[0]).is_loopback
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]):
+        super().__init__(config)
+        self.on_stop = on_stop
+        self.signum: int | None = None
+        self.stopped = False
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn's own version re-raises the signal after shutdown, which would kill the
+        # process by signal instead of letting the command exit with its documented code
+        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.signum is not None:
+            self.force_exit = True  # a second signal: do not wait for open connections
+        else:
+            self.signum = sig
+        self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.should_exit and not self.stopped:  # on the event loop, not inside the signal handler
+            self.stopped = True
+            self.on_stop()
+        return await super().on_tick(counter)
+
+
+def serve(app, sock: socket.socket, on_stop: Callable[[], None], grace_s: float = 30.0) -> int | None:
+    """Serve ``app`` on ``sock`` until a signal; returns its number (None if none came)."""
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=int(grace_s), http="h11")
+    server = _Server(config, on_stop)
+    server.run(sockets=[sock])
+    if not server.stopped:
+        on_stop()
+    return server.signum

@@ -1,0 +1,206 @@
+"""Request bodies as pydantic models, and the OpenAI-shaped error.
+
+A field of the wrong type or out of range fails validation with the field's JSON path
+(``param``); a request that is well-formed but cannot be served (``n > 1``, tools, a prompt
+longer than the context) is refused by the handler with the field it is about. Fields
+that OpenAI clients send routinely and that change nothing here (``user``, ``store``,
+``metadata``...) are accepted and ignored; fields that would change the answer and are not
+implemented are refused out loud, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-shaped body: ``{"error": {message, type, param, code}}``."""
+
+    TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+             422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error"}  # fmt: skip
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        kind = self.TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Speculative(_Body):
+    """llama-server's per-request drafting object; ``fixed`` is specrun's own."""
+
+    n_max: Optional[int] = Field(None, ge=1, le=256, description="most draft tokens per round (draft_max)")
+    n_min: Optional[int] = Field(None, ge=0, le=256, description="shorter drafts are dropped (draft_min)")
+    p_min: Optional[float] = Field(None, ge=0.0, le=1.0, description="the draft model stops below this confidence (p_split)")
+    fixed: Optional[bool] = Field(None, description="turn the adaptive controller off for this request")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ContentPart(_Body):
+    type: str
+    text: Optional[str] = None
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: Optional[str] = None
+
+    def text(self, where: str) -> str:
+        """The message's text; parts other than text are refused (no vision here)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for i, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise ApiError(
+                    400, f"content parts of type {part.type!r} are not supported: this server takes text only", f"{where}.content[{i}].type"
+                )
+            out.append(part.text)
+        return "".join(out)
+
+
+class _Generation(_Body):
+    """What chat and completion requests share."""
+
+    model: Optional[str] = Field(None, description="the served model's name or an alias; omit for the served model")
+    max_tokens: Optional[int] = Field(None, ge=1, description="most tokens to generate (default: up to the context)")
+    temperature: Optional[float] = Field(None, ge=0.0, description="0 is greedy")
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=0, description="llama.cpp's extra; 0 disables")
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0, description="llama.cpp's extra; 0 disables")
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: int = Field(1, ge=1)
+    speculative: Optional[Speculative] = None
+    draft: Optional[Literal["model", "ngram", "hybrid", "none"]] = Field(None, description="the drafter for this request")
+    # accepted but refused unless they are their no-op value (see check_unsupported)
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        items = [self.stop] if isinstance(self.stop, str) else self.stop
+        if len(items) > 16:
+            raise ApiError(400, f"at most 16 stop strings, got {len(items)}", "stop")
+        return [s for s in items if s]
+
+    def check_unsupported(self) -> None:
+        """Refuse, naming the field, what would change the answer and is not implemented."""
+        if self.n != 1:
+            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}: send the request {self.n} times instead", "n")
+        if self.logprobs or self.top_logprobs:
+            raise ApiError(400, "logprobs are not supported by this server", "logprobs" if self.logprobs else "top_logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ApiError(400, f"{name} is not supported by this server (only 0 or absent)", name)
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported by this server", "logit_bias")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Generation):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, description="the newer name of max_tokens")
+    tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict, None] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def limit(self) -> tuple[int | None, str]:
+        """The token limit asked for, and the field it came from."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.tools and self.tool_choice != "none":
+            raise ApiError(400, 'tool calling is not supported by this server (send no tools, or tool_choice "none")', "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ApiError(
+                400, f'response_format {self.response_format.get("type")!r} is not supported (only "text")', "response_format.type"
+            )
+
+    def conversation(self) -> list[dict]:
+        """Messages as the chat template takes them (``developer`` is the newer ``system``)."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(f"messages[{i}]")}
+            for i, m in enumerate(self.messages)
+        ]
+
+
+class CompletionRequest(_Generation):
+    prompt: Union[str, list[str], list[int]]
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    def limit(self) -> tuple[int | None, str]:
+        return self.max_tokens, "max_tokens"
+
+    def check_unsupported(self) -> None:
+        super().check_unsupported()
+        if self.echo:
+            raise ApiError(400, "echo is not supported by this server", "echo")
+        if self.suffix:
+            raise ApiError(400, "suffix (fill-in-the-middle) is not supported by this server", "suffix")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, "best_of must be 1", "best_of")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
+            raise ApiError(400, f"one prompt per request, got {len(self.prompt)}", "prompt")
+        if not self.prompt or self.prompt == [""]:
+            raise ApiError(400, "the prompt is empty", "prompt")
+
+    def prompt_text(self) -> str | None:
+        """The prompt as text, or None when it was given as token ids."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if self.prompt and isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return None
+
+
+def param_of(err: ValidationError) -> tuple[str, str]:
+    """The JSON path of the first failing field (``messages[0].content``) and a message."""
+    e = err.errors()[0]
+    path = ""
+    for part in e.get("loc", ()):
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("str", "list[str]", "list[int]", "list[ContentPart]", "function-after", "literal") or "[" in str(part):
+            continue  # union branches pydantic names by their type
+        else:
+            path += f".{part}" if path else str(part)
+    msg = e.get("msg", "invalid value")
+    where = path or "body"
+    return where, f"{where}: {msg}" + (f" (got {_short(e['input'])})" if "input" in e and e.get("type") != "missing" else "")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
