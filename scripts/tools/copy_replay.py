@@ -1,6 +1,6 @@
 """Replay plain outputs through the n-gram drafter and the controller, offline.
 
-    python scripts/tools/copy_replay.py [TARGET.gguf] [-t 2] [--curve costs.json-key]
+    python scripts/tools/copy_replay.py [TARGET.gguf] [-t 2] [--outputs plain.json] [--stored-copies]
 
 Decodes every bench prompt plainly once (greedy, the bench's -n per prompt), then, with the
 verify-cost curve stored for this machine (run `specrun bench` first), computes per class:
@@ -8,7 +8,11 @@ verify-cost curve stored for this machine (run `specrun bench` first), computes 
 - ceiling: a perfect drafter, every round verifying the curve's best batch, max b / c(b);
 - copy oracle: the n-gram drafter with K chosen knowing how far each copy will match
   (dynamic programming over the output): the best any K policy could do with these copies;
-- replay: the adaptive controller's own choices, fed the same copies, no near-ties.
+- replay: the adaptive controller's own choices, fed the same copies, no near-ties; with
+  ``--stored-copies`` its copy model starts from the statistics stored for the pair (as a new
+  process does), and a second column replays it without the run's trust (rates as stored).
+
+``--outputs FILE`` keeps the plain outputs there (decoded once, read back on the next call).
 
 Nothing is timed here: speeds are in units of one plain decode step, from the curve, so the
 figures are reproducible on a noisy machine. `specrun bench` measures the real thing.
@@ -23,7 +27,8 @@ import sys
 from pathlib import Path
 
 from specrun.bench import load_prompts
-from specrun.control import Controller, CostModel
+from specrun.control import Controller, CopyModel, CostModel
+from specrun.costs import CostStore
 from specrun.drafters import NgramDrafter, common_prefix
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
@@ -73,8 +78,9 @@ def oracle(runs: list[int], c) -> float:
     return n * c(1) / best[0] if n else 1.0
 
 
-def replay(prompt: list[int], gen: list[int], cost: CostModel) -> float:
-    ctrl = Controller(["ngram"], draft_min=1, draft_max=DRAFT_MAX, p_split=0.0, fixed=False, cost=CostModel(dict(cost.verify)))
+def replay(prompt: list[int], gen: list[int], cost: CostModel, copies: dict | None = None) -> float:
+    copy = CopyModel.from_json(copies) if copies else None
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=DRAFT_MAX, p_split=0.0, fixed=False, cost=CostModel(dict(cost.verify)), copy=copy)
     seq, d, pos, spent = prompt + gen, NgramDrafter(), len(prompt), 0.0
     while pos < len(seq):
         room = len(seq) - pos - 1
@@ -95,24 +101,51 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=128, help="tokens per prompt without its own n (the bench default)")
     ap.add_argument("--costs", type=Path, default=Path.home() / ".cache/specrun/costs.json")
+    ap.add_argument("--outputs", type=Path, help="cache the plain outputs in this JSON file")
+    ap.add_argument("--stored-copies", action="store_true", help="start from the pair's stored copy statistics")
     args = ap.parse_args()
-    stored = json.loads(args.costs.read_text()) if args.costs.exists() else {}
-    keys = [k for k in stored if k.startswith(args.target.name + ":") and "|cpu" in k]
+    store = CostStore(args.costs)
+    found = [(k, store.load(k)) for k in store.entries() if k.startswith(args.target.name + ":") and k.endswith("|cpu")]
+    keys = [
+        k
+        for k, learned in sorted(found, key=lambda kl: -len(kl[1].cost.verify) if kl[1] else 0)
+        if learned and len(learned.cost.verify) > 1
+    ]
     if not keys:
         print(f"no stored verify curve for {args.target.name} in {args.costs}: run `specrun bench` first", file=sys.stderr)
         return 1
-    cost = CostModel.from_json(stored[keys[0]])
+    learned = store.load(keys[0])
+    assert learned is not None
+    cost = learned.cost
     c = cost.verify_cost
     ceiling = max(b * c(1) / c(b) for b in range(1, DRAFT_MAX + 2))
-    rows: dict[str, list[tuple[float, float]]] = {}
-    for cls, prompt, gen in plain_outputs(args.target, args.threads, args.n):
-        rows.setdefault(cls, []).append((oracle(copy_runs(prompt, gen), c), replay(prompt, gen, cost)))
+    copies = learned.copy if args.stored_copies else None
+    if args.stored_copies:
+        print(f"copy statistics: {'as stored' if copies else 'none stored'}")
+    if args.outputs and args.outputs.exists():
+        outputs = [tuple(x) for x in json.loads(args.outputs.read_text())]
+    else:
+        outputs = plain_outputs(args.target, args.threads, args.n)
+        if args.outputs:
+            args.outputs.write_text(json.dumps(outputs))
+    rows: dict[str, list[tuple[float, ...]]] = {}
+    for cls, prompt, gen in outputs:
+        row = [oracle(copy_runs(prompt, gen), c), replay(prompt, gen, cost, copies)]
+        if copies:
+            trust = CopyModel.trust
+            CopyModel.trust = lambda self: 1.0  # type: ignore[method-assign]
+            row.append(replay(prompt, gen, cost, copies))
+            CopyModel.trust = trust  # type: ignore[method-assign]
+        rows.setdefault(cls, []).append(tuple(row))
     print(f"verify curve: {keys[0]}")
     print(f"ceiling (perfect drafter, best batch): {ceiling:.2f}x")
-    print("| class | copy oracle | controller replay |")
-    print("|---|---|---|")
+    cols = ["copy oracle", "controller replay"] + (["replay without trust"] if copies else [])
+    print("| class | " + " | ".join(cols) + " | lowest prompt (replay) |")
+    print("|---" * (len(cols) + 2) + "|")
     for cls, v in rows.items():
-        print(f"| {cls} | {statistics.geometric_mean([o for o, _ in v]):.2f}x | {statistics.geometric_mean([r for _, r in v]):.2f}x |")
+        means = [statistics.geometric_mean([r[i] for r in v]) for i in range(len(cols))]
+        lows = " / ".join(f"{min(r[i] for r in v):.2f}x" for i in range(1, len(cols)))
+        print(f"| {cls} | " + " | ".join(f"{m:.2f}x" for m in means) + f" | {lows} |")
     return 0
 
 

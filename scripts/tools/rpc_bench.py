@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specrun import rpc
 from specrun.bench import load_prompts
-from specrun.control import CostStore
+from specrun.costs import CostStore
 from specrun.engine import Settings
 from specrun.network import measure
 from specrun.registry import Registry
