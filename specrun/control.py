@@ -69,6 +69,8 @@ COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the cop
 COPY_DECAY = 0.99  # per observation: a bin remembers its last ~100 tokens
 COPY_PRIOR_WEIGHT = 4.0  # the prior counts as this many observations
 PERSISTED_WEIGHT = 8.0  # a stored bin counts as at most this many observations in a new run
+TRUST_WEIGHT = 4.0  # this run's copies overrule the bins' rates once they reach this many expected hits
+TRUST_DECAY = 0.95  # per scored copy token: the run's trust follows its last ~20
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,19 @@ class CopyModel:
 
     Each bin is a decayed hit/total count, shrunk towards a prior that rises with L (a short
     match is weak evidence, a long one strong) until the bin has data of its own.
+
+    The bins may have been learned on other text (a stored model: code edits, then a summary
+    to write). So every rate is also scaled by this run's *trust*, how the copy tokens scored
+    lately compared with what the bins predicted for them (at most 1): a run whose copies keep
+    breaking pulls every bin down within a few rounds, before each bin has seen enough misses
+    of its own, and the trust returns to 1 as the bins learn the run's rates.
     """
 
     def __init__(self) -> None:
         self.hits = [0.0] * len(COPY_BINS)
         self.total = [0.0] * len(COPY_BINS)
+        self.run_hits = 0.0  # this run's scored copy tokens: decayed hits ...
+        self.run_expected = 0.0  # ... and the hits the bins predicted for them
 
     @staticmethod
     def prior(length: int) -> float:
@@ -99,9 +109,16 @@ class CopyModel:
     def _bin(length: int) -> int:
         return max(0, bisect_right(COPY_BINS, length) - 1)
 
-    def p(self, length: int) -> float:
+    def rate(self, length: int) -> float:
+        """The bin's rate, shrunk towards the prior."""
         b = self._bin(length)
         return (self.hits[b] + COPY_PRIOR_WEIGHT * self.prior(COPY_BINS[b])) / (self.total[b] + COPY_PRIOR_WEIGHT)
+
+    def trust(self) -> float:
+        return min(1.0, (self.run_hits + TRUST_WEIGHT) / (self.run_expected + TRUST_WEIGHT))
+
+    def p(self, length: int) -> float:
+        return self.rate(length) * self.trust()
 
     def acceptance(self, length: int, k: int) -> list[float]:
         """a_1..a_k for a k-token copy proposed after ``length`` matched tokens."""
@@ -110,6 +127,8 @@ class CopyModel:
     def observe(self, length: int, proposed: list[int], actual: list[int]) -> None:
         """Score a copy against the tokens that really followed, up to the first miss."""
         for j, (x, y) in enumerate(zip(proposed, actual)):
+            self.run_hits = self.run_hits * TRUST_DECAY + (x == y)
+            self.run_expected = self.run_expected * TRUST_DECAY + self.rate(length + j)
             b = self._bin(length + j)
             self.hits[b] = self.hits[b] * COPY_DECAY + (x == y)
             self.total[b] = self.total[b] * COPY_DECAY + 1.0

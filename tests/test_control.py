@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrun.control import Controller, CopyModel, CostModel, CostStore, Learned, expected_tokens
+from specrun.control import COPY_BINS, Controller, CopyModel, CostModel, CostStore, Learned, expected_tokens
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -116,6 +116,47 @@ def test_copy_model_learns_by_copy_length():
     assert m.acceptance(2, 3) == [m.p(2), m.p(3), m.p(4)]
     m.observe(3, [5, 6, 7], [5, 9, 7])  # scored up to the first miss only
     assert m.total[m._bin(4)] == 1 and m.total[m._bin(6)] == 0
+
+
+def _learned_on_code_edits(rate: float = 0.75) -> dict:
+    m = CopyModel()
+    m.hits, m.total = [rate * 100.0] * len(COPY_BINS), [100.0] * len(COPY_BINS)
+    return m.to_json()
+
+
+def _drafted_rounds(copies: dict, hit: bool, rounds: int = 60) -> list[int]:
+    """Rounds of copies offered at match lengths 2, 3, 4, 6, 8 in turn (one bin each), that all
+    go on (``hit``) or all break at once; the draft length planned for each."""
+    ctrl = Controller(
+        ["ngram"], draft_min=1, draft_max=16, p_split=0.0, fixed=False, cost=CostModel(dict(CPU_CURVE)), copy=CopyModel.from_json(copies)
+    )
+    ks = []
+    for i in range(rounds):
+        match = (2, 3, 4, 6, 8)[i % 5]
+        ks.append(ctrl.plan(ngram_available=8, ngram_match=match, room=100).k)
+        ctrl.observe_copy(match, [1] * 8, [1] * 9 if hit else [2])
+    return ks
+
+
+def test_stored_copy_rates_from_other_text_are_dropped_within_a_few_rounds(monkeypatch):
+    """A new run on text whose copies break (a summary after code edits) stops trusting every
+    bin at once: each bin on its own would need misses of its own first."""
+    stored = _learned_on_code_edits()
+    with_trust = _drafted_rounds(stored, hit=False)
+    monkeypatch.setattr(CopyModel, "trust", lambda self: 1.0)
+    bins_alone = _drafted_rounds(stored, hit=False)
+    assert with_trust[0] > 0  # the stored rates are believed at first
+    assert sum(k > 0 for k in with_trust) <= 4 < sum(k > 0 for k in bins_alone)
+    assert not any(with_trust[10:])
+
+
+def test_stored_copy_rates_that_hold_keep_full_trust():
+    ks = _drafted_rounds(_learned_on_code_edits(), hit=True)
+    assert all(k > 0 for k in ks)
+    m = CopyModel.from_json(_learned_on_code_edits())
+    for _ in range(50):
+        m.observe(4, [1] * 8, [1] * 8)
+    assert m.trust() == 1.0
 
 
 def test_fresh_ngram_guesses_that_fail_are_never_drafted_and_need_no_probe():
