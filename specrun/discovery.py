@@ -28,7 +28,7 @@ class Candidate:
     known: Known
     summary: Summary
     compat: Compatibility
-    memory: ModelMemory  # estimated at the report's context, all layers on the GPU
+    memory: ModelMemory  # the whole model at the report's context (placement does not change the total)
     size_ratio: float  # draft weights over target weights, e.g. 0.33 for 0.5B drafting 1.5B
     reason: str = ""  # why it cannot draft; empty when it can
 

@@ -23,7 +23,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .errors import SpecrunError, UsageError, WorkerMismatch, WorkerUnreachable
@@ -248,15 +248,25 @@ def _sockets_to(endpoint: str) -> list[int]:
     return [c.fd for c in conns if c.fd is not None and c.fd >= 0 and c.raddr and c.raddr.ip == ip and c.raddr.port == ep.port]
 
 
-def watch(endpoint: str) -> int:
-    """Turn on TCP keepalive and a send timeout on ggml's connections to ``endpoint``, so that a
-    worker that disappears without closing them is noticed in seconds. Returns how many were set."""
-    n = 0
+def _borrowed(endpoint: str) -> Iterator[socket.socket]:
+    """ggml's connections to ``endpoint``, each as a duplicate socket that is closed after use
+    (the duplicate only; ggml's own descriptor stays open)."""
     for fd in _sockets_to(endpoint):
         try:
             s = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
+        try:
+            yield s
+        finally:
+            s.close()
+
+
+def watch(endpoint: str) -> int:
+    """Turn on TCP keepalive and a send timeout on ggml's connections to ``endpoint``, so that a
+    worker that disappears without closing them is noticed in seconds. Returns how many were set."""
+    n = 0
+    for s in _borrowed(endpoint):
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if sys.platform.startswith("linux"):
@@ -268,8 +278,6 @@ def watch(endpoint: str) -> int:
             n += 1
         except OSError:
             pass
-        finally:
-            s.close()  # the duplicate only; ggml's descriptor stays open
     return n
 
 
@@ -296,17 +304,11 @@ def traffic(endpoints: tuple[str, ...]) -> Traffic | None:
     rtt: float | None = None
     found = False
     for ep in endpoints:
-        for fd in _sockets_to(ep):
-            try:
-                s = socket.socket(fileno=os.dup(fd))
-            except OSError:
-                continue
+        for s in _borrowed(ep):
             try:
                 info = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 232)
             except OSError:
                 continue
-            finally:
-                s.close()
             if len(info) < 136:
                 continue
             # struct tcp_info: u32 tcpi_rtt (microseconds) at byte 68; u64 tcpi_bytes_acked at 120,

@@ -106,16 +106,11 @@ def main() -> int:
     args = ap.parse_args()
     store = CostStore(args.costs)
     found = [(k, store.load(k)) for k in store.entries() if k.startswith(args.target.name + ":") and k.endswith("|cpu")]
-    keys = [
-        k
-        for k, learned in sorted(found, key=lambda kl: -len(kl[1].cost.verify) if kl[1] else 0)
-        if learned and len(learned.cost.verify) > 1
-    ]
-    if not keys:
+    curves = [(k, learned) for k, learned in found if learned is not None and len(learned.cost.verify) > 1]
+    if not curves:
         print(f"no stored verify curve for {args.target.name} in {args.costs}: run `specrun bench` first", file=sys.stderr)
         return 1
-    learned = store.load(keys[0])
-    assert learned is not None
+    key, learned = max(curves, key=lambda kl: len(kl[1].cost.verify))  # the fullest curve
     cost = learned.cost
     c = cost.verify_cost
     ceiling = max(b * c(1) / c(b) for b in range(1, DRAFT_MAX + 2))
@@ -137,7 +132,7 @@ def main() -> int:
             row.append(replay(prompt, gen, cost, copies))
             CopyModel.trust = trust  # type: ignore[method-assign]
         rows.setdefault(cls, []).append(tuple(row))
-    print(f"verify curve: {keys[0]}")
+    print(f"verify curve: {key}")
     print(f"ceiling (perfect drafter, best batch): {ceiling:.2f}x")
     cols = ["copy oracle", "controller replay"] + (["replay without trust"] if copies else [])
     print("| class | " + " | ".join(cols) + " | lowest prompt (replay) |")
