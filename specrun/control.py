@@ -58,8 +58,7 @@ if TYPE_CHECKING:
 
 EWMA = 0.15
 TIE_EWMA = 0.05
-EXPLORE_SHARE = 0.01  # exploration may cost at most this share of the time spent
-EXPLORE_GAP = 8  # rounds between explorations, at least
+EXPLORE_SHARE = 0.01  # exploration may take at most this share of the rounds, and lose at most this share of the time
 OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
@@ -195,7 +194,8 @@ class Controller:
         self.probe_every = PROBE_MIN
         self.elapsed = 0.0  # seconds of drafting and verifying observed
         self.explore_loss = 0.0  # seconds exploration cost beyond plain decoding (negative: it paid)
-        self.since_explore = EXPLORE_GAP
+        self.rounds = 0  # rounds observed
+        self.explored = 0  # of which explorations
 
     # --- planning ------------------------------------------------------------------
 
@@ -280,8 +280,10 @@ class Controller:
         return best
 
     def may_explore(self) -> bool:
-        """Exploring costs at most EXPLORE_SHARE of the time spent (beyond the first try)."""
-        return self.since_explore >= EXPLORE_GAP and self.explore_loss <= EXPLORE_SHARE * self.elapsed
+        """At most EXPLORE_SHARE of the rounds explore (the first after 1 / EXPLORE_SHARE rounds:
+        a short generation has no time to recover a wasted long verify), while what exploring
+        lost stays within EXPLORE_SHARE of the time spent."""
+        return self.explored + 1 <= EXPLORE_SHARE * self.rounds and self.explore_loss <= EXPLORE_SHARE * self.elapsed
 
     def model_can_pay(self, k_max: int) -> bool:
         """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
@@ -319,10 +321,10 @@ class Controller:
         self.cost.observe_verify(drafted + 1, verify_s)
         self.cost.observe_catch_up(*caught_up)
         self.elapsed += verify_s + draft_s
-        self.since_explore += 1
+        self.rounds += 1
         if plan.explore:  # what it cost beyond decoding the same tokens plainly
             self.explore_loss += verify_s + draft_s - (accepted + 1) * self.cost.verify_cost(1)
-            self.since_explore = 0
+            self.explored += 1
         self.idle = 0 if plan.source == "model" else self.idle + 1
         if plan.probe:  # the next probe waits longer, unless this one pays (below)
             self.probe_every = min(PROBE_MAX, self.probe_every * 2)

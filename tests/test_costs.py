@@ -134,10 +134,23 @@ def test_exploration_stays_within_its_budget_where_it_never_pays():
     cost = CostModel({1: 1.0})
     ctrl = Controller(["ngram"], draft_min=1, draft_max=32, p_split=0.5, fixed=False, cost=cost)
     ks, explored = copy_friendly(ctrl, lambda b: dear.get(b, float(b)), 5000)
-    assert 1 <= explored <= 1 + 0.01 * 5000
+    assert 1 <= explored <= EXPLORE_SHARE * 5000
     worst = 32.0  # one exploration's loss at most: a 32-token verify
     assert ctrl.explore_loss <= EXPLORE_SHARE * ctrl.elapsed + worst
     assert sum(1 for k in ks[2500:] if k) <= 0.01 * 2500
+
+
+def test_a_short_generation_never_explores():
+    """A fresh process has verified only one-token rounds, so every longer size is unverified and
+    optimistically as cheap: the first copy on offer would be explored with a 32-token verify,
+    which a 60-token summary cannot earn back. Exploration waits for 1 / EXPLORE_SHARE rounds."""
+    cost = CostModel(dict(CPU))
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=32, p_split=0.5, fixed=False, cost=cost)
+    for _ in range(5):  # plain rounds: c(1) is now verified, nothing else
+        ctrl.observe(ctrl.plan(), 0, 0, CPU[1], 0.0)
+    ks, explored = copy_friendly(ctrl, cost.verify_cost, int(1 / EXPLORE_SHARE) - 6, cont=0.5)
+    assert explored == 0
+    assert ks and max(ks) < 32
 
 
 def cycling_prompt(t: Model) -> list[int]:
