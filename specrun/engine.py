@@ -140,7 +140,7 @@ def speculative_round(
         # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
         # the first mismatch is the correction (after a full accept, it is the bonus token)
         best = np.argmax(logits, axis=1)
-        ties = [near_tie(logits[0], int(best[0]), tie_margin)]  # row 0 is checked every round: the tie rate
+        ties = [near_tie(logits[0], int(best[0]), tie_margin)]  # every row checked counts towards the tie rate
         n = 0
         while n < k and draft.tokens[n] == best[n] and not ties[n]:
             n += 1
@@ -167,7 +167,7 @@ def speculative_round(
     # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
     # last token: the correction, or the last accepted draft if a near-tie was deferred)
     rollback(target, drafter, len(tokens) + n - deferred)
-    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, ties[0])
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties))
     return Round(emitted, n, deferred, draft, stats)
 
 
@@ -326,14 +326,15 @@ class Engine:
                     self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
                     self.settings.draft_min, copy if plan.source == "ngram" else None, self.settings.tie_margin,
                 )  # fmt: skip
-                force_plain = r.deferred
+                settling, force_plain = force_plain, r.deferred
                 # the draft's per-token cost leaves out catching its cache up (after a long
                 # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
                 self.controller.observe(
                     plan, r.stats.drafted, r.accepted, r.stats.verify_s, r.stats.draft_s - r.proposal.sync_s,
                     r.proposal.confidences, tie_stop=r.deferred, caught_up=(r.proposal.caught_up, r.proposal.sync_s),
                 )  # fmt: skip
-                self.controller.observe_tie(r.stats.near_tie)
+                if not settling:  # a settling step's row is the near-tie that deferred it, counted already
+                    self.controller.observe_ties(r.stats.checked, r.stats.ties)
                 if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
                     self.controller.observe_copy(copy.match if copy else 0, copy.tokens if copy else [], r.emitted)
                 emitted = r.emitted

@@ -17,7 +17,8 @@ class RoundStats:
     draft_s: float
     verify_s: float
     sample_s: float
-    near_tie: bool = False  # greedy: the target's first row this round was a near-tie (see engine)
+    checked: int = 0  # greedy: positions checked for a near-tie this round (see engine) ...
+    ties: int = 0  # ... and of those, near-ties (at most one: a near-tie ends the round)
 
 
 @dataclass

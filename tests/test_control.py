@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specrun.control import COPY_BINS, Controller, CopyModel, CostModel, CostStore, Learned, expected_tokens
 
@@ -199,6 +200,14 @@ def test_cost_store_round_trips_and_survives_damage(tmp_path):
     assert store.load("k") is None
 
 
+def test_the_near_tie_rate_is_per_position_checked():
+    # rounds that check five positions and end at a near-tie on the fifth: one position in five
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=16, p_split=0.5, fixed=False, cost=CostModel(dict(GPU_CURVE)))
+    for _ in range(100):
+        ctrl.observe_ties(5, 1)
+    assert ctrl.tie_rate == pytest.approx(0.2, abs=0.03)
+
+
 def test_near_ties_discount_drafts():
     # a copy accepted 70% of the time pays on a GPU-like curve, until a third of the
     # positions turn out to be near-ties that end rounds early (as in prose)
@@ -210,6 +219,6 @@ def test_near_ties_discount_drafts():
         ctrl.observe_copy(8, [1, 1, 1, 1], [1, 1, 1, 1])
     assert ctrl.plan(ngram_available=4, ngram_match=8, room=100).k > 0
     for _ in range(200):
-        ctrl.observe_tie(True)
+        ctrl.observe_ties(1, 1)
     assert ctrl.tie_rate > 0.99
     assert ctrl.plan(ngram_available=4, ngram_match=8, room=100).k == 0
