@@ -13,6 +13,7 @@ Three tiers:
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -585,6 +586,35 @@ def test_a_worker_killed_mid_generation_ends_the_command_cleanly(tiny):
     assert took < 5, f"it took {took:.1f} s to notice"
     assert proc.returncode == EXIT_INPUT, err
     line = error_line(err)
+    assert w.endpoint in line and "lost the RPC worker" in line
+
+
+def test_a_worker_lost_under_serve_ends_the_server_with_exit_3(tiny, tmp_path):
+    """A server whose layers live on a worker cannot go on without it: the next request that
+    needs the worker ends the process with exit 3 and a line naming the worker (a supervisor
+    restarts it), instead of failing every request from then on."""
+    from serve_helpers import Server
+
+    w = Worker()
+    s = Server(["-m", str(tiny["target"]), "--draft", "none", "-t", "2", "-c", "1024", "--quiet", "--rpc", w.endpoint], tmp_path)
+    try:
+        status, _, body = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
+        assert status == 200 and body["usage"]["completion_tokens"] == 8, body
+        w.proc.kill()
+        w.proc.wait(10)
+        try:
+            status, _, body = s.post("/v1/completions", {"prompt": "Another prompt", "max_tokens": 8}, timeout=30)
+            answered = status
+        except (OSError, http.client.HTTPException):
+            answered = None  # the process ended under the request
+        rc = s.proc.wait(30)
+    finally:
+        s.kill()
+        w.stop()
+    assert answered != 200
+    assert rc == EXIT_INPUT, s.stderr
+    assert "Traceback" not in s.stderr
+    line = error_line(s.stderr)
     assert w.endpoint in line and "lost the RPC worker" in line
 
 
