@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from serve_helpers import Server
 
 from specrun import rpc
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, UsageError, WorkerMismatch, WorkerUnreachable
@@ -593,8 +594,6 @@ def test_a_worker_lost_under_serve_ends_the_server_with_exit_3(tiny, tmp_path):
     """A server whose layers live on a worker cannot go on without it: the next request that
     needs the worker ends the process with exit 3 and a line naming the worker (a supervisor
     restarts it), instead of failing every request from then on."""
-    from serve_helpers import Server
-
     w = Worker()
     s = Server(["-m", str(tiny["target"]), "--draft", "none", "-t", "2", "-c", "1024", "--quiet", "--rpc", w.endpoint], tmp_path)
     try:

@@ -78,8 +78,15 @@ def oracle(runs: list[int], c) -> float:
     return n * c(1) / best[0] if n else 1.0
 
 
-def replay(prompt: list[int], gen: list[int], cost: CostModel, copies: dict | None = None) -> float:
-    copy = CopyModel.from_json(copies) if copies else None
+class FullTrust(CopyModel):
+    """The copy model with the bins' rates as they are, never scaled by the run's trust."""
+
+    def trust(self) -> float:
+        return 1.0
+
+
+def replay(prompt: list[int], gen: list[int], cost: CostModel, copies: dict | None = None, model: type[CopyModel] = CopyModel) -> float:
+    copy = model.from_json(copies) if copies else None
     ctrl = Controller(["ngram"], draft_min=1, draft_max=DRAFT_MAX, p_split=0.0, fixed=False, cost=CostModel(dict(cost.verify)), copy=copy)
     seq, d, pos, spent = prompt + gen, NgramDrafter(), len(prompt), 0.0
     while pos < len(seq):
@@ -127,10 +134,7 @@ def main() -> int:
     for cls, prompt, gen in outputs:
         row = [oracle(copy_runs(prompt, gen), c), replay(prompt, gen, cost, copies)]
         if copies:
-            trust = CopyModel.trust
-            CopyModel.trust = lambda self: 1.0  # type: ignore[method-assign]
-            row.append(replay(prompt, gen, cost, copies))
-            CopyModel.trust = trust  # type: ignore[method-assign]
+            row.append(replay(prompt, gen, cost, copies, FullTrust))
         rows.setdefault(cls, []).append(tuple(row))
     print(f"verify curve: {key}")
     print(f"ceiling (perfect drafter, best batch): {ceiling:.2f}x")
