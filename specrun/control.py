@@ -70,6 +70,7 @@ COPY_PRIOR_WEIGHT = 4.0  # the prior counts as this many observations
 PERSISTED_WEIGHT = 8.0  # a stored bin counts as at most this many observations in a new run
 TRUST_WEIGHT = 4.0  # this run's copies overrule the bins' rates once they reach this many expected hits
 TRUST_DECAY = 0.95  # per scored copy token: the run's trust follows its last ~20
+TRUST_SPLIT = 0.5  # rates from here up keep a trust of their own
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,18 @@ class CopyModel:
     lately compared with what the bins predicted for them (at most 1): a run whose copies keep
     breaking pulls every bin down within a few rounds, before each bin has seen enough misses
     of its own, and the trust returns to 1 as the bins learn the run's rates.
+
+    Trust is kept apart for confident rates (at least TRUST_SPLIT) and weak ones: in a chat
+    answer two-token matches go on more often than stored (0.25 predicted) and three-token
+    ones far less (0.6 predicted), and one trust over both let the weak bins' surplus cancel
+    the confident bins' misses, the only ones the controller acts on.
     """
 
     def __init__(self) -> None:
         self.hits = [0.0] * len(COPY_BINS)
         self.total = [0.0] * len(COPY_BINS)
-        self.run_hits = 0.0  # this run's scored copy tokens: decayed hits ...
-        self.run_expected = 0.0  # ... and the hits the bins predicted for them
+        self.run_hits = [0.0, 0.0]  # this run's scored copy tokens, weak and confident: decayed hits ...
+        self.run_expected = [0.0, 0.0]  # ... and the hits the bins predicted for them
 
     @staticmethod
     def prior(length: int) -> float:
@@ -113,11 +119,14 @@ class CopyModel:
         b = self._bin(length)
         return (self.hits[b] + COPY_PRIOR_WEIGHT * self.prior(COPY_BINS[b])) / (self.total[b] + COPY_PRIOR_WEIGHT)
 
-    def trust(self) -> float:
-        return min(1.0, (self.run_hits + TRUST_WEIGHT) / (self.run_expected + TRUST_WEIGHT))
+    def trust(self, rate: float = 1.0) -> float:
+        """How far this run bears out rates like ``rate`` (at most 1)."""
+        band = int(rate >= TRUST_SPLIT)
+        return min(1.0, (self.run_hits[band] + TRUST_WEIGHT) / (self.run_expected[band] + TRUST_WEIGHT))
 
     def p(self, length: int) -> float:
-        return self.rate(length) * self.trust()
+        rate = self.rate(length)
+        return rate * self.trust(rate)
 
     def acceptance(self, length: int, k: int) -> list[float]:
         """a_1..a_k for a k-token copy proposed after ``length`` matched tokens."""
@@ -126,8 +135,10 @@ class CopyModel:
     def observe(self, length: int, proposed: list[int], actual: list[int]) -> None:
         """Score a copy against the tokens that really followed, up to the first miss."""
         for j, (x, y) in enumerate(zip(proposed, actual)):
-            self.run_hits = self.run_hits * TRUST_DECAY + (x == y)
-            self.run_expected = self.run_expected * TRUST_DECAY + self.rate(length + j)
+            rate = self.rate(length + j)
+            band = int(rate >= TRUST_SPLIT)
+            self.run_hits[band] = self.run_hits[band] * TRUST_DECAY + (x == y)
+            self.run_expected[band] = self.run_expected[band] * TRUST_DECAY + rate
             b = self._bin(length + j)
             self.hits[b] = self.hits[b] * COPY_DECAY + (x == y)
             self.total[b] = self.total[b] * COPY_DECAY + 1.0
@@ -256,20 +267,23 @@ class Controller:
             s = usable[0]
             return Plan(s, lengths[s], self.p_split if s == "model" else 0.0)
 
-        best, best_rate = Plan("none", 0), 1.0 / self.cost.verify_cost(1)
-        explore, explore_rate = None, best_rate
+        best, best_rate, best_tokens = Plan("none", 0), 1.0 / self.cost.verify_cost(1), 1.0
+        explore, explore_rate, explore_tokens = None, best_rate, 1.0
         catch_up = self.cost.catch_up_cost(model_lag)
         for s in usable:
             acc = self.copy.acceptance(ngram_match, lengths[s]) if s == "ngram" else self.acceptance()
             d, once = self._draft_cost(s), catch_up if s == "model" else 0.0
             k, rate = self.best_k(acc, d, lengths[s], once=once)
             if k and rate > best_rate:
-                best, best_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate
+                best, best_rate, best_tokens = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate, expected_tokens(acc, k)
             # what if the sizes not verified in this process cost no more than smaller ones that were?
             k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once)
             if k and self.cost.unseen(k + 1) and rate > explore_rate:
                 explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
-        if explore is not None and explore_rate > best_rate and self.may_explore():
+                explore_tokens = expected_tokens(acc, k)
+        # exploring stakes a verify of an unmeasured size: only for a draft expected to bring at
+        # least one token more than the best known plan (a weak copy gains little however cheap)
+        if explore is not None and explore_rate > best_rate and explore_tokens >= best_tokens + 1 and self.may_explore():
             return explore
         if "model" in usable and best.source != "model" and self.idle >= self.probe_every and catch_up <= 2 * self.cost.verify_cost(1):
             # the draft model has not been run for a while: try a short draft, in case

@@ -144,11 +144,30 @@ def test_stored_copy_rates_from_other_text_are_dropped_within_a_few_rounds(monke
     bin at once: each bin on its own would need misses of its own first."""
     stored = _learned_on_code_edits()
     with_trust = _drafted_rounds(stored, hit=False)
-    monkeypatch.setattr(CopyModel, "trust", lambda self: 1.0)
+    monkeypatch.setattr(CopyModel, "trust", lambda self, rate=1.0: 1.0)
     bins_alone = _drafted_rounds(stored, hit=False)
     assert with_trust[0] > 0  # the stored rates are believed at first
     assert sum(k > 0 for k in with_trust) <= 4 < sum(k > 0 for k in bins_alone)
     assert not any(with_trust[10:])
+
+
+def test_weak_copies_that_go_on_do_not_vouch_for_confident_ones_that_break():
+    """A chat answer: two-token matches go on more often than stored, three-token ones (the
+    confident bin, the one drafted) break. The weak bin's surplus must not keep the confident
+    one trusted: it stops being drafted after a few misses, sooner than its bin learns alone."""
+    m = CopyModel()
+    m.hits[CopyModel._bin(2)], m.total[CopyModel._bin(2)] = 25.0, 100.0
+    m.hits[CopyModel._bin(3)], m.total[CopyModel._bin(3)] = 70.0, 100.0
+    # learned in this process, on code edits: each bin holds ~100 observations
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=16, p_split=0.0, fixed=False, cost=CostModel(dict(CPU_CURVE)), copy=m)
+    drafted = []
+    for _ in range(30):
+        ctrl.observe_copy(2, [1, 1], [1])  # the weak copy's first token went on (a plain step)
+        plan = ctrl.plan(ngram_available=4, ngram_match=3, room=100)
+        drafted.append(plan.k)
+        ctrl.observe_copy(3, [1] * 4, [2])  # and the confident one broke at once
+    assert drafted[0] > 0  # the stored rate is believed at first
+    assert sum(k > 0 for k in drafted) <= 3
 
 
 def test_stored_copy_rates_that_hold_keep_full_trust():

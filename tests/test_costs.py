@@ -262,3 +262,22 @@ def test_costs_command_shows_and_resets(tiny, tmp_path):
     assert len(CostStore(cache / "costs.json").entries()) == 1
     assert cli(["costs", "--reset"], cache, tmp_path).returncode == 0
     assert CostStore(cache / "costs.json").entries() == {}
+
+
+def test_a_weak_copy_is_never_explored():
+    """Exploring stakes a verify of an unmeasured size; on a copy that breaks most of the time
+    (a chat answer's two-token matches) it can gain little however cheap that size is, so it is
+    not staked there, however long the run and the budget."""
+    cost = CostModel(dict(CPU))
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=32, p_split=0.5, fixed=False, cost=cost)
+    rng = np.random.default_rng(0)
+    explored = 0
+    for _ in range(1000):
+        plan = ctrl.plan(ngram_available=32, ngram_match=2, room=1000)
+        n = 0
+        while n < plan.k and rng.random() < 0.3:
+            n += 1
+        ctrl.observe(plan, plan.k, n, cost.verify_cost(plan.k + 1), 0.0)
+        ctrl.observe_copy(2, [7] * 32, [7] * n + [8])
+        explored += plan.explore
+    assert explored == 0

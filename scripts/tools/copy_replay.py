@@ -81,7 +81,7 @@ def oracle(runs: list[int], c) -> float:
 class FullTrust(CopyModel):
     """The copy model with the bins' rates as they are, never scaled by the run's trust."""
 
-    def trust(self) -> float:
+    def trust(self, rate: float = 1.0) -> float:
         return 1.0
 
 
