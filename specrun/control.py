@@ -207,6 +207,7 @@ class Controller:
         self.explore_loss = 0.0  # seconds exploration cost beyond plain decoding (negative: it paid)
         self.rounds = 0  # rounds observed
         self.explored = 0  # of which explorations
+        self._can_pay: tuple[tuple, bool] = ((), False)  # model_can_pay's last answer, and for what
 
     # --- planning ------------------------------------------------------------------
 
@@ -300,10 +301,15 @@ class Controller:
         return self.explored + 1 <= EXPLORE_SHARE * self.rounds and self.explore_loss <= EXPLORE_SHARE * self.elapsed
 
     def model_can_pay(self, k_max: int) -> bool:
-        """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?"""
-        optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc]
-        k, rate = self.best_k(optimistic, self._draft_cost("model"), k_max)
-        return k > 0 and rate > MODEL_MARGIN / self.cost.verify_cost(1)
+        """Could the draft model beat plain decoding by MODEL_MARGIN with optimistic acceptance?
+        (Answered once per round: it scans every draft length, and planning and explaining
+        both ask.)"""
+        key = (self.rounds, k_max, self.cost.verify_cost(1))
+        if self._can_pay[0] != key:
+            optimistic = [max(OPTIMISTIC_ACCEPTANCE, a) for a in self.acc]
+            k, rate = self.best_k(optimistic, self._draft_cost("model"), k_max)
+            self._can_pay = (key, k > 0 and rate > MODEL_MARGIN / key[2])
+        return self._can_pay[1]
 
     def _p_split(self, k: int) -> float:
         """The lowest confidence whose measured acceptance still pays for the extra token."""
