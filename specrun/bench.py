@@ -1,8 +1,8 @@
 """Is this pair worth it on this machine? Plain decoding and each mode, side by side.
 
 Every mode runs on the same loaded models and the same prompts, interleaved (plain, mode A,
-mode B, plain, mode A, ... per prompt and run) after a warm-up, so a noisy machine affects
-them alike. Speedups are ratios of tokens/s measured in the same run, never absolute times.
+mode B, then mode B, mode A, plain: the order turns round with every prompt and run) after a
+warm-up, so a noisy machine affects them alike and no mode always runs first. Speedups are ratios of tokens/s measured in the same run, never absolute times.
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ class BenchResult:
         """class -> mode -> summary, plus an "overall" class."""
         plain = {(s.cls, s.prompt_index, s.run): s for s in self.samples if s.mode == BASELINE}
         out: dict[str, dict[str, ModeSummary]] = {}
-        for s in self.samples:
+        rank = {m: i for i, m in enumerate(self.modes)}
+        for s in sorted(self.samples, key=lambda s: rank.get(s.mode, len(rank))):  # modes in the order given, whatever order they ran in
             for cls in (s.cls, "overall"):
                 m = out.setdefault(cls, {}).setdefault(s.mode, ModeSummary(s.mode))
                 m.add(s.stats)
@@ -295,7 +296,9 @@ def run_bench(
     samples = []
     for run in range(runs):
         for i, (p, toks) in enumerate(zip(prompts, token_lists)):
-            for m in all_modes:  # interleaved: A B C A B C ...
+            # interleaved, the order turned round every other sample (A B C, C B A, ...), so
+            # that running first or last (a warmer cache, a busier neighbour) favours no mode
+            for m in all_modes if (run * len(prompts) + i) % 2 == 0 else all_modes[::-1]:
                 e = engines[m]
                 e.reset()
                 out: list[int] = []

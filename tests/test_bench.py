@@ -309,3 +309,26 @@ def test_the_interval_covers_the_class_mean_and_shrinks_with_agreement():
     logs = [math.log(x) for x in spread]
     normal_half = 1.96 * statistics.stdev(logs) / math.sqrt(len(logs))
     assert math.log(hi) - math.log(geomean(spread)) > normal_half
+
+
+def test_no_mode_always_runs_first(tiny):
+    """The samples alternate their order (none model, then model none, ...), so a mode that ran
+    first every time (a warm cache, a quiet neighbour) cannot pass for a faster one."""
+    from specrun.backend import LoadOptions, Model
+    from specrun.bench import BenchPrompt, run_bench
+    from specrun.control import CostModel
+    from specrun.engine import Settings
+    from specrun.sampling import Sampler
+
+    opts = LoadOptions(n_ctx=256, n_threads=1)
+    with Model(tiny["target"], opts) as t, Model(tiny["draft-copy"], opts) as d:
+        prompts = [BenchPrompt("code", "def f(x):", chat=False), BenchPrompt("chat", "Tell me", chat=False)]
+        order: list[tuple[int, int, str]] = []
+        result = run_bench(
+            t, d, prompts, ["model"], Sampler(0.0), Settings(), lambda p: t.tokenize(p.prompt, add_special=True),
+            8, 2, CostModel({1: 0.001, 2: 0.001}), lambda s: order.append((s.run, s.prompt_index, s.mode)),
+        )  # fmt: skip
+    assert len(result.samples) == 8
+    firsts = [order[i][2] for i in range(0, 8, 2)]
+    assert firsts == ["none", "model", "none", "model"]
+    assert [list(m) for m in result.summaries().values()] == [["none", "model"]] * 3  # reported in the order given
