@@ -25,7 +25,7 @@ starts to pay is taken up at once, without probing.
 
 Near-ties (greedy decoding with a tie margin, see the engine) end a round early and cost it
 its last token. In prose a fifth of the positions can be near-ties, in code almost none, so
-their rate is measured too (on the first row of every round) and discounts every draft.
+their rate is measured too (on every row a round checks) and discounts every draft.
 
 p-split (the model drafter stops when its top-token probability falls below it) is set to
 the lowest confidence at which a draft token still pays: a draft token of confidence c is
