@@ -2,7 +2,8 @@
 
 Every mode runs on the same loaded models and the same prompts, interleaved (plain, mode A,
 mode B, then mode B, mode A, plain: the order turns round with every prompt and run) after a
-warm-up, so a noisy machine affects them alike and no mode always runs first. Speedups are ratios of tokens/s measured in the same run, never absolute times.
+warm-up, so a noisy machine affects them alike and no mode always runs first. Speedups are
+ratios of tokens/s measured in the same run, never absolute times.
 """
 
 from __future__ import annotations

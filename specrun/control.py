@@ -119,9 +119,14 @@ class CopyModel:
         b = self._bin(length)
         return (self.hits[b] + COPY_PRIOR_WEIGHT * self.prior(COPY_BINS[b])) / (self.total[b] + COPY_PRIOR_WEIGHT)
 
+    @staticmethod
+    def _band(rate: float) -> int:
+        """Which trust a rate answers to: 0 weak, 1 confident."""
+        return int(rate >= TRUST_SPLIT)
+
     def trust(self, rate: float = 1.0) -> float:
         """How far this run bears out rates like ``rate`` (at most 1)."""
-        band = int(rate >= TRUST_SPLIT)
+        band = self._band(rate)
         return min(1.0, (self.run_hits[band] + TRUST_WEIGHT) / (self.run_expected[band] + TRUST_WEIGHT))
 
     def p(self, length: int) -> float:
@@ -136,7 +141,7 @@ class CopyModel:
         """Score a copy against the tokens that really followed, up to the first miss."""
         for j, (x, y) in enumerate(zip(proposed, actual)):
             rate = self.rate(length + j)
-            band = int(rate >= TRUST_SPLIT)
+            band = self._band(rate)
             self.run_hits[band] = self.run_hits[band] * TRUST_DECAY + (x == y)
             self.run_expected[band] = self.run_expected[band] * TRUST_DECAY + rate
             b = self._bin(length + j)

@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specrun.bench import load_prompts
+from specrun.backend import LoadOptions, Model
+from specrun.bench import BenchPrompt, load_prompts, run_bench
 from specrun.cli.main import _register, app, main
+from specrun.control import CostModel
+from specrun.engine import Settings
 from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
+from specrun.sampling import Sampler
 
 MODES = ["none", "model", "ngram", "hybrid"]
 MODE_KEYS = {
@@ -314,12 +318,6 @@ def test_the_interval_covers_the_class_mean_and_shrinks_with_agreement():
 def test_no_mode_always_runs_first(tiny):
     """The samples alternate their order (none model, then model none, ...), so a mode that ran
     first every time (a warm cache, a quiet neighbour) cannot pass for a faster one."""
-    from specrun.backend import LoadOptions, Model
-    from specrun.bench import BenchPrompt, run_bench
-    from specrun.control import CostModel
-    from specrun.engine import Settings
-    from specrun.sampling import Sampler
-
     opts = LoadOptions(n_ctx=256, n_threads=1)
     with Model(tiny["target"], opts) as t, Model(tiny["draft-copy"], opts) as d:
         prompts = [BenchPrompt("code", "def f(x):", chat=False), BenchPrompt("chat", "Tell me", chat=False)]
