@@ -25,11 +25,7 @@ starts to pay is taken up at once, without probing.
 
 Near-ties (greedy decoding with a tie margin, see the engine) end a round early and cost it
 its last token. In prose a fifth of the positions can be near-ties, in code almost none, so
-their rate is measured too (on every row a round checks): it discounts the round's last token
-and every position of a model draft. A copy's positions are not discounted by it: the copy
-model counts a near-tie where a copy token sat as a break of the copy, because inside a long
-copy the target is sure of itself (summaries: 19% of plain rows were near-ties, none of 23
-rows 16 or more tokens into a copy), and one rate over all rows kept every draft short.
+their rate is measured too (on every row a round checks) and discounts every draft.
 
 p-split (the model drafter stops when its top-token probability falls below it) is set to
 the lowest confidence at which a draft token still pays: a draft token of confidence c is
@@ -141,22 +137,17 @@ class CopyModel:
         """a_1..a_k for a k-token copy proposed after ``length`` matched tokens."""
         return [self.p(length + j) for j in range(k)]
 
-    def observe(self, length: int, proposed: list[int], actual: list[int], tie: int | None = None) -> None:
-        """Score a copy against the tokens that really followed, up to the first miss. ``tie``:
-        the position whose row was a near-tie; a copy token there could not have been kept,
-        so it counts as a miss."""
-        for j, x in enumerate(proposed):
-            if j != tie and j >= len(actual):
-                break
-            hit = j != tie and x == actual[j]
+    def observe(self, length: int, proposed: list[int], actual: list[int]) -> None:
+        """Score a copy against the tokens that really followed, up to the first miss."""
+        for j, (x, y) in enumerate(zip(proposed, actual)):
             rate = self.rate(length + j)
             band = self._band(rate)
-            self.run_hits[band] = self.run_hits[band] * TRUST_DECAY + hit
+            self.run_hits[band] = self.run_hits[band] * TRUST_DECAY + (x == y)
             self.run_expected[band] = self.run_expected[band] * TRUST_DECAY + rate
             b = self._bin(length + j)
-            self.hits[b] = self.hits[b] * COPY_DECAY + hit
+            self.hits[b] = self.hits[b] * COPY_DECAY + (x == y)
             self.total[b] = self.total[b] * COPY_DECAY + 1.0
-            if not hit:
+            if x != y:
                 break
 
     def to_json(self) -> dict:
@@ -232,13 +223,7 @@ class Controller:
         return d if d is not None else 0.5 * self.cost.verify_cost(1)
 
     def best_k(
-        self,
-        acc: list[float],
-        d: float,
-        k_max: int,
-        c: Callable[[int], float] | None = None,
-        once: float = 0.0,
-        ties_counted: bool = False,
+        self, acc: list[float], d: float, k_max: int, c: Callable[[int], float] | None = None, once: float = 0.0
     ) -> tuple[int, float]:
         """The K in {0} U [draft_min, k_max] with the highest expected rate, and that rate,
         for per-position acceptance ``acc``, draft cost ``d`` per token, verify costs ``c``
@@ -246,16 +231,14 @@ class Controller:
         model's cache up).
 
         A near-tie (greedy, see the engine) stops a round where it falls and costs the round
-        its last token, so the target's own token comes with probability ``1 - tie`` and each
-        drafted position is usable with probability ``a_j (1 - tie)``, or ``a_j`` where
-        ``acc`` already counts near-ties as misses (``ties_counted``: the copy model's)."""
+        its last token, so each drafted position is usable with probability ``a_j (1 - tie)``
+        and the target's own token comes with probability ``1 - tie``."""
         c = c or self.cost.verify_cost
         best_k, best_rate = 0, 1.0 / self.cost.verify_cost(1)
         usable = 1.0 - self.tie_rate
-        per_position = 1.0 if ties_counted else usable
         total, reach = usable, 1.0
         for k in range(1, min(k_max, len(acc)) + 1):
-            reach *= acc[k - 1] * per_position
+            reach *= acc[k - 1] * usable
             total += reach
             if k < self.draft_min:
                 continue
@@ -295,12 +278,12 @@ class Controller:
         catch_up = self.cost.catch_up_cost(model_lag)
         for s in usable:
             acc = self.copy.acceptance(ngram_match, lengths[s]) if s == "ngram" else self.acceptance()
-            d, once, copy = self._draft_cost(s), catch_up if s == "model" else 0.0, s == "ngram"
-            k, rate = self.best_k(acc, d, lengths[s], once=once, ties_counted=copy)
+            d, once = self._draft_cost(s), catch_up if s == "model" else 0.0
+            k, rate = self.best_k(acc, d, lengths[s], once=once)
             if k and rate > best_rate:
                 best, best_rate, best_tokens = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate, expected_tokens(acc, k)
             # what if the sizes not verified in this process cost no more than smaller ones that were?
-            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once, ties_counted=copy)
+            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once)
             if k and self.cost.unseen(k + 1) and rate > explore_rate:
                 explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
                 explore_tokens = expected_tokens(acc, k)
@@ -398,11 +381,11 @@ class Controller:
         for i in range(checked):
             self.tie_rate += TIE_EWMA * (float(i >= checked - ties) - self.tie_rate)
 
-    def observe_copy(self, match: int, proposed: list[int], emitted: list[int], tie: int | None = None) -> None:
+    def observe_copy(self, match: int, proposed: list[int], emitted: list[int]) -> None:
         """The n-gram proposal on offer this round (used or not; empty if none) against what
-        was emitted; ``tie``: the position whose row was a near-tie, if one was."""
+        was emitted."""
         self.offer_rate += TIE_EWMA * (float(bool(proposed)) - self.offer_rate)
-        self.copy.observe(match, proposed, emitted, tie)
+        self.copy.observe(match, proposed, emitted)
 
     # --- explaining ----------------------------------------------------------------
 

@@ -336,8 +336,7 @@ class Engine:
                 if not settling:  # a settling step's row is the near-tie that deferred it, counted already
                     self.controller.observe_ties(r.stats.checked, r.stats.ties)
                 if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
-                    tie = r.stats.checked - 1 if r.stats.ties and not settling else None  # row i judges position i
-                    self.controller.observe_copy(copy.match if copy else 0, copy.tokens if copy else [], r.emitted, tie)
+                    self.controller.observe_copy(copy.match if copy else 0, copy.tokens if copy else [], r.emitted)
                 emitted = r.emitted
                 for i, t in enumerate(emitted):
                     if self.target.is_eog(t):
