@@ -46,20 +46,23 @@ def render(target: Path, prompt: str) -> str:
     return render_chat(ChatTemplate(info.chat_template, text(info.bos_id), text(info.eos_id)), [{"role": "user", "content": prompt}])
 
 
+def specrun_cmd(args, prompt_file: Path, n: int, mode: str | None) -> list[str]:
+    """`specrun generate` on a rendered prompt file, with JSON out (``mode`` None: the default)."""
+    cmd = [str(SPECRUN), "generate", "-m", str(args.target), "-d", str(args.draft), "-t", str(args.threads)]
+    cmd += ["--prompt-file", str(prompt_file), "-n", str(n), "--json"]
+    return cmd + (["--draft", mode] if mode else [])
+
+
+def llama_cmd(args, prompt_file: Path, n: int, spec_type: str) -> list[str]:
+    """`llama-speculative-simple` with one speculative type at its defaults, greedy."""
+    exe = Path(args.bin) / "llama-speculative-simple"
+    cmd = [str(exe), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "-t", str(args.threads)]
+    cmd += ["-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
+    return cmd + (["-md", str(args.draft)] if spec_type.startswith("draft") else [])
+
+
 def run_specrun(args, prompt_file: Path, n: int, mode: str | None) -> dict:
-    cmd = [
-        str(SPECRUN),
-        "generate",
-        "-m",
-        str(args.target),
-        "-d",
-        str(args.draft),
-        "-t",
-        str(args.threads),
-        "--prompt-file",
-        str(prompt_file),
-    ]
-    cmd += ["-n", str(n), "--json"] + (["--draft", mode] if mode else [])
+    cmd = specrun_cmd(args, prompt_file, n, mode)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr[-500:]}")
@@ -68,11 +71,7 @@ def run_specrun(args, prompt_file: Path, n: int, mode: str | None) -> dict:
 
 
 def run_llama(args, prompt_file: Path, n: int, spec_type: str) -> dict:
-    exe = Path(args.bin) / "llama-speculative-simple"
-    cmd = [str(exe), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "-t", str(args.threads)]
-    cmd += ["-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
-    if spec_type.startswith("draft"):
-        cmd += ["-md", str(args.draft)]
+    cmd = llama_cmd(args, prompt_file, n, spec_type)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     out = p.stdout + p.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specrun.bench import load_prompts
 from specrun.control import Controller, CopyModel, CostModel
-from specrun.costs import CostStore
+from specrun.costs import CostStore, Learned
 from specrun.drafters import NgramDrafter, common_prefix
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
@@ -102,6 +102,18 @@ def replay(prompt: list[int], gen: list[int], cost: CostModel, copies: dict | No
     return len(gen) * cost.verify_cost(1) / spent if gen else 1.0
 
 
+def stored_curve(costs: Path, target: Path) -> tuple[str, Learned] | None:
+    """The fullest verify curve stored for ``target`` on this machine's CPU, with its key;
+    None (said on stderr) if there is none yet."""
+    store = CostStore(costs)
+    found = [(k, store.load(k)) for k in store.entries() if k.startswith(target.name + ":") and k.endswith("|cpu")]
+    curves = [(k, learned) for k, learned in found if learned is not None and len(learned.cost.verify) > 1]
+    if not curves:
+        print(f"no stored verify curve for {target.name} in {costs}: run `specrun bench` first", file=sys.stderr)
+        return None
+    return max(curves, key=lambda kl: len(kl[1].cost.verify))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("target", nargs="?", type=Path, default=DEMO_TARGET)
@@ -111,13 +123,10 @@ def main() -> int:
     ap.add_argument("--outputs", type=Path, help="cache the plain outputs in this JSON file")
     ap.add_argument("--stored-copies", action="store_true", help="start from the pair's stored copy statistics")
     args = ap.parse_args()
-    store = CostStore(args.costs)
-    found = [(k, store.load(k)) for k in store.entries() if k.startswith(args.target.name + ":") and k.endswith("|cpu")]
-    curves = [(k, learned) for k, learned in found if learned is not None and len(learned.cost.verify) > 1]
-    if not curves:
-        print(f"no stored verify curve for {args.target.name} in {args.costs}: run `specrun bench` first", file=sys.stderr)
+    found = stored_curve(args.costs, args.target)
+    if found is None:
         return 1
-    key, learned = max(curves, key=lambda kl: len(kl[1].cost.verify))  # the fullest curve
+    key, learned = found
     cost = learned.cost
     c = cost.verify_cost
     ceiling = max(b * c(1) / c(b) for b in range(1, DRAFT_MAX + 2))

@@ -10,7 +10,7 @@ class's comparison that way. This decodes the prompt (rendered text, as
 `compare_ngram.py` feeds it) with `specrun generate --draft none`, with specrun's default,
 and with `llama-speculative-simple --spec-type T` for each type, then prints for each text the
 copy oracle of `copy_replay.py` (the n-gram drafter with K chosen knowing where every copy
-breaks, costs from the stored verify curve): the best any drafting policy could do on it.
+breaks, costs from the verify curve stored for this CPU, as there): the best any drafting policy could do on it.
 """
 
 from __future__ import annotations
@@ -18,28 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from copy_replay import DEMO_TARGET, MODELS, copy_runs, oracle
+from compare_ngram import llama_cmd, specrun_cmd
+from copy_replay import DEMO_TARGET, MODELS, copy_runs, oracle, stored_curve
 
 from specrun.backend import LoadOptions, Model
-from specrun.costs import CostStore
-
-SPECRUN = Path(sys.executable).parent / "specrun"
-
-
-def specrun_tokens(args, mode: str) -> list[int]:
-    cmd = [str(SPECRUN), "generate", "-m", str(args.target), "-d", str(args.draft), "-t", str(args.threads)]
-    cmd += ["--prompt-file", str(args.prompt_file), "-n", str(args.n), "--json", "--draft", mode]
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["tokens"]
 
 
 def llama_text(args, spec_type: str, prompt: str) -> str:
     """llama-speculative-simple's output, less the prompt it echoes and the report after it."""
-    cmd = [str(Path(args.bin) / "llama-speculative-simple"), "-m", str(args.target), "-f", str(args.prompt_file)]
-    cmd += ["-n", str(args.n), "--temp", "0", "-t", str(args.threads), "-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(llama_cmd(args, args.prompt_file, args.n, spec_type), capture_output=True, text=True, check=True).stdout
     tail = prompt.strip()[-60:]
     start = out.find(tail)
     text = out[start + len(tail) :] if start >= 0 else out
@@ -57,15 +46,15 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--costs", type=Path, default=Path.home() / ".cache/specrun/costs.json")
     args = ap.parse_args()
-    store = CostStore(args.costs)
-    curves = [learned for k in store.entries() if k.startswith(args.target.name + ":") and (learned := store.load(k)) is not None]
-    curves = [learned for learned in curves if len(learned.cost.verify) > 1]
-    if not curves:
-        print(f"no stored verify curve for {args.target.name} in {args.costs}: run `specrun bench` first", file=sys.stderr)
+    found = stored_curve(args.costs, args.target)
+    if found is None:
         return 1
-    c = max(curves, key=lambda learned: len(learned.cost.verify)).cost.verify_cost
+    c = found[1].cost.verify_cost
     prompt_text = args.prompt_file.read_text(encoding="utf-8")
-    texts: dict[str, list[int]] = {f"specrun {m}": specrun_tokens(args, m) for m in ("none", "hybrid")}
+    texts: dict[str, list[int]] = {}
+    for mode in ("none", None):  # plain, then specrun's default
+        out = subprocess.run(specrun_cmd(args, args.prompt_file, args.n, mode), capture_output=True, text=True, check=True)
+        texts[f"specrun {mode or 'default'}"] = json.loads(out.stdout)["tokens"]
     with Model(args.target, LoadOptions(n_ctx=4096, n_threads=args.threads)) as model:
         prompt = model.tokenize(prompt_text, add_special=False, parse_special=True)
         for t in args.types.split(","):
