@@ -58,6 +58,16 @@ def plain_outputs(target: Path, threads: int, n_default: int) -> list[tuple[str,
     return out
 
 
+def load_outputs(path: Path | None, target: Path, threads: int, n_default: int) -> list[tuple[str, list[int], list[int]]]:
+    """The plain outputs, read from ``path`` if it exists, else decoded (and kept there)."""
+    if path and path.exists():
+        return [tuple(x) for x in json.loads(path.read_text())]
+    outputs = plain_outputs(target, threads, n_default)
+    if path:
+        path.write_text(json.dumps(outputs))
+    return outputs
+
+
 def copy_runs(prompt: list[int], gen: list[int]) -> list[int]:
     """At each output position, how many tokens the n-gram drafter's proposal would match."""
     seq, d, runs = prompt + gen, NgramDrafter(), []
@@ -133,12 +143,7 @@ def main() -> int:
     copies = learned.copy if args.stored_copies else None
     if args.stored_copies:
         print(f"copy statistics: {'as stored' if copies else 'none stored'}")
-    if args.outputs and args.outputs.exists():
-        outputs = [tuple(x) for x in json.loads(args.outputs.read_text())]
-    else:
-        outputs = plain_outputs(args.target, args.threads, args.n)
-        if args.outputs:
-            args.outputs.write_text(json.dumps(outputs))
+    outputs = load_outputs(args.outputs, args.target, args.threads, args.n)
     rows: dict[str, list[tuple[float, ...]]] = {}
     for cls, prompt, gen in outputs:
         row = [oracle(copy_runs(prompt, gen), c), replay(prompt, gen, cost, copies)]

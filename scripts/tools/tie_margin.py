@@ -23,11 +23,10 @@ batches filled) is outside what this measures: see README "How exact is exact".
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from copy_replay import DEMO_TARGET, plain_outputs
+from copy_replay import DEMO_TARGET, load_outputs
 
 from specrun.backend import LoadOptions, Model
 
@@ -74,12 +73,7 @@ def main() -> int:
     ap.add_argument("--per-class", type=int, default=2, help="prompts per class")
     ap.add_argument("--tokens", type=int, default=96, help="positions per prompt")
     args = ap.parse_args()
-    if args.outputs and args.outputs.exists():
-        outputs = [tuple(x) for x in json.loads(args.outputs.read_text())]
-    else:
-        outputs = plain_outputs(args.target, args.threads, 128)
-        if args.outputs:
-            args.outputs.write_text(json.dumps(outputs))
+    outputs = load_outputs(args.outputs, args.target, args.threads, 128)
     m = Model(args.target, LoadOptions(n_ctx=4096, n_threads=args.threads))
     by_class: dict[str, list[tuple[int, float, bool, float]]] = {}
     taken: dict[str, int] = {}
