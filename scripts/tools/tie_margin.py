@@ -74,16 +74,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96, help="positions per prompt")
     args = ap.parse_args()
     outputs = load_outputs(args.outputs, args.target, args.threads, 128)
-    m = Model(args.target, LoadOptions(n_ctx=4096, n_threads=args.threads))
     by_class: dict[str, list[tuple[int, float, bool, float]]] = {}
     taken: dict[str, int] = {}
-    try:
+    with Model(args.target, LoadOptions(n_ctx=4096, n_threads=args.threads)) as m:
         for cls, prompt, output in outputs:
             if taken.get(cls, 0) < args.per_class:
                 taken[cls] = taken.get(cls, 0) + 1
                 by_class.setdefault(cls, []).extend(measure(m, list(prompt), list(output)[: args.tokens]))
-    finally:
-        m.close()
     rows = [r for v in by_class.values() for r in v]
     print(f"{len(rows)} batched rows, {len(by_class)} classes")
     print("| batch | rows | plain's top-two gap moved by: median | p99 | p99.9 | max |")
