@@ -227,9 +227,10 @@ def test_ctrl_c_stops_a_reply_and_the_session_continues(spawn, tokenizer, long_r
     assert int(m.group(1)) < LONG
 
     # one more turn works, and reuses the cache: the partial reply is in the history
+    # no Ctrl-C here: a reply that ends as it lands leaves the signal to readline's
+    # check-then-select window, where it cancels the next line typed (/quit below) instead;
+    # at this speed even a 2*LONG-token reply ends within seconds
     t.send("Go on.\r")
-    t.expect(r"tok/s")
-    t.send("\x03")  # this reply may be long too (or already over: then it cancels a line)
     m = t.expect(SUMMARY)
     assert int(m.group(2)) == len(tokenizer(next_prompt("Go on."))) + 1
     t.expect(PROMPT)
