@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 EWMA = 0.15
 TIE_EWMA = 0.05
 EXPLORE_SHARE = 0.01  # exploration may take at most this share of the rounds, and lose at most this share of the time
+EXPLORE_ROOM = 8  # an exploration of K tokens needs room for this many K-token drafts after it
 OPTIMISTIC_ACCEPTANCE = 0.9
 MODEL_MARGIN = 1.05
 PROBE_MIN, PROBE_MAX = 16, 256
@@ -283,7 +284,10 @@ class Controller:
             if k and rate > best_rate:
                 best, best_rate, best_tokens = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate, expected_tokens(acc, k)
             # what if the sizes not verified in this process cost no more than smaller ones that were?
-            k, rate = self.best_k(acc, d, lengths[s], self.cost.optimistic, once)
+            # (only sizes the rest of the run has room to use: a one-shot run's last tokens would
+            # pay a long verify for a curve this run can no longer draft with)
+            explore_cap = lengths[s] if room is None else min(lengths[s], room // EXPLORE_ROOM)
+            k, rate = self.best_k(acc, d, explore_cap, self.cost.optimistic, once)
             if k and self.cost.unseen(k + 1) and rate > explore_rate:
                 explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
                 explore_tokens = expected_tokens(acc, k)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import EXPLORE_SHARE, PERSISTED_WEIGHT, Controller, CopyModel
+from specrun.control import EXPLORE_ROOM, EXPLORE_SHARE, PERSISTED_WEIGHT, Controller, CopyModel
 from specrun.costs import CostModel, CostStore, Learned, calibrate
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
@@ -151,6 +151,22 @@ def test_a_short_generation_never_explores():
     ks, explored = copy_friendly(ctrl, cost.verify_cost, int(1 / EXPLORE_SHARE) - 6, cont=0.5)
     assert explored == 0
     assert ks and max(ks) < 32
+
+
+def test_no_exploration_in_a_runs_last_tokens():
+    """An exploration stakes a long verify to learn what a size costs; with only a few tokens
+    left to generate, the run could not draft with what it learned. (In a 128-token summary
+    that drafted nothing, a 25-token exploration at round 100 cost 5% of the run.)"""
+    cost = CostModel(dict(CPU))
+    ctrl = Controller(["ngram"], draft_min=1, draft_max=32, p_split=0.5, fixed=False, cost=cost)
+    for _ in range(int(1 / EXPLORE_SHARE) + 20):  # plain rounds: only c(1) is verified
+        ctrl.observe(ctrl.plan(), 0, 0, CPU[1], 0.0)
+    assert ctrl.may_explore()
+    far = ctrl.plan(ngram_available=32, ngram_match=32, room=1000)
+    assert far.explore and far.k > 8  # with the run's end far off, a long copy is explored ...
+    for room in (8, 24, 40):
+        near = ctrl.plan(ngram_available=32, ngram_match=32, room=room)
+        assert not near.explore or near.k * EXPLORE_ROOM <= room, (room, near)  # ... near it, only a size it can use
 
 
 def cycling_prompt(t: Model) -> list[int]:
