@@ -264,6 +264,9 @@ class Controller:
         tokens the draft model's cache must catch up before it can draft (after a stretch of
         n-gram or plain rounds). Planning changes nothing: only ``observe*`` learn."""
         k_cap = self.draft_max if room is None else max(0, min(self.draft_max, room))
+        # an exploration only of a size the rest of the run has room to use: a one-shot run's
+        # last tokens would pay a long verify for a curve this run can no longer draft with
+        explore_cap = k_cap if room is None else min(k_cap, room // EXPLORE_ROOM)
         lengths = {"model": k_cap, "ngram": min(ngram_available, k_cap), "none": 0}
         usable = [s for s in self.sources if lengths.get(s, 0) >= max(1, self.draft_min)]
         if not self.fixed and "model" in usable and not self.model_can_pay(lengths["model"]):
@@ -284,10 +287,7 @@ class Controller:
             if k and rate > best_rate:
                 best, best_rate, best_tokens = Plan(s, k, self._p_split(k) if s == "model" else 0.0), rate, expected_tokens(acc, k)
             # what if the sizes not verified in this process cost no more than smaller ones that were?
-            # (only sizes the rest of the run has room to use: a one-shot run's last tokens would
-            # pay a long verify for a curve this run can no longer draft with)
-            explore_cap = lengths[s] if room is None else min(lengths[s], room // EXPLORE_ROOM)
-            k, rate = self.best_k(acc, d, explore_cap, self.cost.optimistic, once)
+            k, rate = self.best_k(acc, d, min(lengths[s], explore_cap), self.cost.optimistic, once)
             if k and self.cost.unseen(k + 1) and rate > explore_rate:
                 explore, explore_rate = Plan(s, k, self._p_split(k) if s == "model" else 0.0, explore=True), rate
                 explore_tokens = expected_tokens(acc, k)
