@@ -105,9 +105,9 @@ build_llama_cpp() {
   local src="$dest/src/vendor/llama.cpp"
   [[ -f "$src/CMakeLists.txt" ]] || { echo "error: $tarball has no vendor/llama.cpp" >&2; exit 1; }
 
-  # Server, app and tests are off: llama-cli needs the whole server in recent versions and is optional.
+  # App and tests are off; the server is on (llama-server is the serving anchor, and llama-cli needs it).
   local args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
   # Without AMX kernels, as scripts/install.sh builds specrun's llama.cpp (they fault in some VMs),
   # so both tools run the same kernels.
   if [[ "$(uname -m)" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
@@ -126,7 +126,7 @@ build_llama_cpp() {
 
   local available targets=() t
   available=$(cmake --build "$dest/build" --target help 2>/dev/null || true)
-  for t in llama-speculative-simple llama-bench llama-cli; do
+  for t in llama-speculative-simple llama-bench llama-quantize llama-server llama-cli; do
     if grep -Eq "(^|[ .])$t(:|\$| )" <<<"$available"; then targets+=("$t")
     elif [[ $t == llama-cli ]]; then echo "note: no llama-cli target in this configuration (optional, skipped)"
     else echo "error: llama.cpp $version has no target $t" >&2; exit 1
@@ -142,7 +142,7 @@ build_llama_cpp() {
   echo "built llama.cpp $version in $((SECONDS - start)) s: $bin"
 }
 
-if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" ]]; then
+if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" && -x "$bin/llama-quantize" && -x "$bin/llama-server" ]]; then
   echo "llama.cpp $version already built: $bin"
 else
   build_llama_cpp
