@@ -20,8 +20,8 @@ from pathlib import Path
 
 from specrun.bench import load_prompts
 from specrun.costs import CostModel
-from specrun.learned import CostStore, Learned
 from specrun.engine import Engine, Settings
+from specrun.learned import CostStore, Learned
 from specrun.sampling import Sampler
 from specrun.session import PairConfig, chat_prompt, open_engine, open_pair
 from specrun.stream import stream_generate
