@@ -211,3 +211,28 @@ def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
     assert first.sync_s > 0
     later = d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2, 0.0)  # one more token: a normal round
     assert later.sync_s == 0.0
+
+
+def test_the_draft_models_posteriors_move_with_its_rounds_and_its_stop_rule_follows_them(loaded):
+    """A draft that is the target itself is accepted at every position and is confident: its
+    position and confidence posteriors rise, and on a flat verify its stop rule drafts long. An
+    unrelated draft's fall, and its drafts stay short."""
+    target = loaded["target"]
+
+    def run(draft_name):
+        e = Engine(target, loaded[draft_name], Settings("model", draft_max=16), Sampler(0.0), CostModel(dict(FLAT)))
+        e.sources["model"].per_token = 1e-5  # drafting costs next to nothing: only acceptance decides
+        prompt = target.tokenize(PROMPTS[0])
+        stats = None
+        for step in e.generate(prompt, 96):
+            stats = step.stats
+        return e.sources["model"], stats
+
+    good, good_stats = run("draft-copy")
+    bad, bad_stats = run("draft-unrelated")
+    assert good.positions.means()[0] > 0.9 and bad.positions.means()[0] < 0.5
+    assert sum(r.n for r in good.by_conf) > 0 and sum(r.n for r in bad.by_conf) > 0
+    good_lengths = [k for k in good_stats.draft_lengths if k]
+    assert good_lengths and max(good_lengths) >= 8
+    bad_lengths = [k for k in bad_stats.draft_lengths if k]
+    assert not bad_lengths or np.mean(bad_lengths) < np.mean(good_lengths)
