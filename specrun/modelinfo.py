@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import BadModelFile
 from .gguf_header import GGUFHeader, read_header
+from .heads import heads_of
 
 try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
     from gguf import LlamaFileType
@@ -63,6 +64,7 @@ class ModelInfo:
     add_eos: bool | None
     chat_template: str | None
     header: GGUFHeader
+    n_nextn: int = 0  # {arch}.nextn_predict_layers: built-in MTP heads, the last of the n_layer blocks (see heads.py)
 
     @property
     def n_vocab(self) -> int:
@@ -148,6 +150,7 @@ class ModelInfo:
             },
             "chat_template": self.chat_template is not None,
             "kv_bytes_per_1k_ctx": self.kv_bytes(1024),
+            "mtp_heads": heads_of(self).to_json(),
         }
 
 
@@ -229,4 +232,5 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         add_eos=h.get("tokenizer.ggml.add_eos_token"),
         chat_template=h.get("tokenizer.chat_template"),
         header=h,
+        n_nextn=_int(a("nextn_predict_layers")) or 0,
     )
