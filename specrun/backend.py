@@ -19,6 +19,7 @@ from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
+from llama_cpp import llama_cpp_ext as ll_ext
 
 from . import rpc
 from .errors import BackendError, SpecrunError, UsageError, WorkerUnreachable
@@ -326,6 +327,8 @@ class LoadOptions:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] | None = None
     verbose: bool = False
+    load_mtp: bool = False  # also load the built-in MTP heads' tensors (see MtpHeads)
+    n_rs_seq: int = 0  # recurrent-state snapshots per sequence (hybrid models; 0: none)
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -348,11 +351,13 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
+        self.heads: MtpHeads | None = None  # the built-in MTP heads, once attached: they follow every decode and rollback
         log.mark()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 10_000 if opts.n_gpu_layers < 0 else opts.n_gpu_layers
         use_mmap = opts.mmap if opts.mmap is not None else (opts.n_gpu_layers != 0 and opts.devices != () and supports_gpu_offload())
         mp.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
+        mp.load_mtp = opts.load_mtp
         self._placement(mp, opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
@@ -366,6 +371,7 @@ class Model:
         cp.n_threads = opts.n_threads
         cp.n_threads_batch = opts.n_threads
         cp.n_outputs_max = opts.n_outputs_max
+        cp.n_rs_seq = opts.n_rs_seq
         cp.no_perf = True
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
@@ -381,6 +387,7 @@ class Model:
         self._mem = ll.llama_get_memory(self._ctx)
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model))  # MTP heads in the file (loaded only with load_mtp)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         _batches_live[0] += 1
         self.decode_s = 0.0  # seconds spent inside llama_decode, for overhead profiling
@@ -508,11 +515,28 @@ class Model:
             ll.llama_memory_seq_rm(self._mem, 0, pos0, -1)
             raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower {n_ctx}")
         self.tokens.extend(tokens)
+        if self.heads is not None:  # the heads see every batch the target decodes, with its hidden states
+            self.heads.process(tokens, pos0)
 
     def rollback(self, n_past: int) -> None:
-        """Forget every position >= n_past. The one place positions move backwards."""
+        """Forget every position >= n_past. The one place positions move backwards (the
+        attached MTP heads, if any, move with it)."""
         if n_past >= self.n_past:
             return
+        heads = self.heads
+        if heads is not None and n_past > 0 and not heads.has_state_before(n_past):
+            # the heads pair the next token with the target's hidden state at n_past - 1, which
+            # only a decode returns: decode that token again (the heads keep their entry for it)
+            redo = self.tokens[n_past - 1]
+            self._rollback(n_past - 1)
+            heads.rollback(n_past)
+            self._decode([redo], "none")
+            return
+        self._rollback(n_past)
+        if heads is not None:
+            heads.rollback(n_past)
+
+    def _rollback(self, n_past: int) -> None:
         if not ll.llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise BackendError(
                 f"{self.path.name} cannot roll back its cache (a recurrent or hybrid model)",
@@ -523,10 +547,15 @@ class Model:
     def reset(self) -> None:
         ll.llama_memory_clear(self._mem, True)
         self.tokens = []
+        if self.heads is not None:
+            self.heads.reset()
 
     # --- lifetime ---------------------------------------------------------------------
 
     def close(self) -> None:
+        if self.heads is not None:  # its context refers to this one and to the model: it goes first
+            self.heads.close()
+            self.heads = None
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
@@ -549,3 +578,189 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+class MtpHeads:
+    """A target's built-in MTP heads, run in llama.cpp's MTP context beside the target's.
+
+    llama.cpp's MTP graph (``LLAMA_CONTEXT_TYPE_MTP``, a second context on the same model, its
+    own KV cache holding only the head blocks) reads, for the token at position p, the
+    target's hidden state at p - 1 (its post-norm output, ``embeddings_nextn``), and predicts
+    the token at p + 1. So:
+
+    * **in step**: the heads' cache holds an entry for every position the target's holds
+      (``n_past`` equal). After each target decode (:meth:`process`, which the target calls)
+      its tokens go through the heads, each paired with the state before it: the first with
+      the state the previous batch left, the others with this batch's rows;
+    * **drafting** (:meth:`draft_step`): the target's pending token at position ``n_past``
+      with its last state gives the first guess; each guess, fed back with the head's own
+      state, gives the next. :meth:`end_draft` forgets those positions again;
+    * **rollback** follows the target's (``Model.rollback``): the heads keep the same prefix,
+      and the state before it (the last accepted row of the verify batch) is kept from the
+      last batch's rows.
+
+    With several heads chained (step35, mimo2, hy-v3: one per draft position) a draft is at
+    most ``n_heads`` long; this class runs the first head only, so it drafts with one-head
+    models (qwen35, glm4moe, deepseek, ...) and refuses chained ones for now.
+    """
+
+    def __init__(self, target: Model):
+        if target.n_nextn <= 0:
+            raise UsageError(f"{target.path.name} has no MTP heads", "use another {draft}", "draft")
+        if not target.opts.load_mtp:  # pragma: no cover - a programming error
+            raise ValueError("load the target with LoadOptions(load_mtp=True) first")
+        log = _ensure_init()
+        log.mark()
+        self.target = target
+        self.n_heads = target.n_nextn
+        self.n_ctx = target.n_ctx
+        # several heads are trained one per draft position: only the first runs here, and a
+        # draft goes no further than the heads are many
+        self.max_draft = self.n_heads if self.n_heads > 1 else None
+        self.n_embd = int(ll.llama_model_n_embd_out(target._model))
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = target.n_batch
+        cp.n_ubatch = target.n_batch
+        cp.n_threads = target.opts.n_threads
+        cp.n_threads_batch = target.opts.n_threads
+        cp.n_outputs_max = 1  # a draft step reads one row; catching up reads none
+        cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cp.ctx_other = target._ctx
+        cp.n_rs_seq = 0
+        cp.no_perf = True
+        self._ctx = ll.llama_init_from_model(target._model, cp)
+        if not self._ctx:
+            why = "; ".join(log.errors) or "out of memory?"
+            raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {draft}")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_ext_init(self._ctx)
+        self._pos = (ll.llama_pos * 4)()  # one position per text token (the rest unused)
+        ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
+        ll_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # and for the heads' output rows
+        self.n_past = 0
+        # the target's states for positions [_lo, _lo + len(_states)): its last batch and the one before
+        self._states = np.zeros((1, self.n_embd), np.float32)
+        self._lo = -1  # the state "before position 0" is zeros, as in llama.cpp
+        self._draft_pos: int | None = None  # the next draft position while drafting
+        self._draft_h: np.ndarray | None = None
+        self.process_s = 0.0  # seconds spent catching the heads up with the target's batches
+        self.processed = 0  # tokens those catch-ups fed
+        self.draft_s = 0.0  # seconds spent in draft steps
+        if target.n_past:  # attached after the target decoded something: start over with it
+            tokens = list(target.tokens)
+            target.reset()
+            target.heads = self
+            target.eval(tokens, logits="none")
+        target.heads = self
+
+    # --- the target's states -------------------------------------------------------
+
+    def has_state_before(self, pos: int) -> bool:
+        """Is the target's hidden state at ``pos - 1`` at hand?"""
+        return self._lo <= pos - 1 < self._lo + len(self._states)
+
+    def state_before(self, pos: int) -> np.ndarray:
+        return self._states[pos - 1 - self._lo]
+
+    def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> int:
+        b = self._batch
+        idx = ll.llama_batch_ext_add_token(b, 0, token)
+        if idx < 0:  # pragma: no cover - callers stay within n_batch
+            raise BackendError(f"the MTP batch refused token {token} (code {idx})")
+        self._pos[0] = pos
+        ll.llama_batch_ext_set_pos(b, idx, self._pos)
+        row = np.ascontiguousarray(h, dtype=np.float32)
+        embd = ll.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        if not ll.llama_batch_ext_set_embd_token(b, idx, embd):  # copies the row
+            raise BackendError("the MTP batch refused a hidden state (its width differs from the model's)")
+        if output:
+            ll.llama_batch_ext_set_output_logits(b, idx, True)
+        return idx
+
+    def _run(self, what: str) -> None:
+        rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        ll.llama_batch_ext_clear(self._batch)
+        if rc != 0:
+            raise BackendError(f"the MTP heads failed to {what} (llama_process code {rc})", "use another {draft}")
+
+    def process(self, tokens: list[int], pos0: int) -> None:
+        """The target just decoded ``tokens`` at ``pos0``...: keep its states, and feed the heads
+        every one of those positions they lack, each token with the state before it."""
+        t0 = time.perf_counter()
+        n = len(tokens)
+        rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
+        before = self.state_before(pos0) if self.has_state_before(pos0) else None
+        if pos0 > self.n_past or (before is None and self.n_past < pos0 + n):  # pragma: no cover - Model keeps them in step
+            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {draft}")
+        self.n_past = min(self.n_past, pos0 + n)  # a batch re-decoding positions the heads hold keeps their entries
+        start = self.n_past
+        for p in range(start, pos0 + n):
+            i = p - pos0
+            self._add(tokens[i], p, rows[i - 1] if i > 0 else before, False)
+        if start < pos0 + n:
+            self._run("catch up")
+            self.processed += pos0 + n - start
+        self.n_past = pos0 + n
+        self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_embd), np.float32), rows])
+        self._lo = pos0 - (before is not None)
+        self.process_s += time.perf_counter() - t0
+
+    # --- drafting -------------------------------------------------------------------
+
+    def draft_step(self, token: int) -> np.ndarray:
+        """Feed ``token`` at the next draft position (the first: the target's pending token at
+        ``n_past``, with the target's last state; then each guess with the head's own state);
+        the heads' logits for the position after it (a view, valid until the next step)."""
+        t0 = time.perf_counter()
+        if self._draft_pos is None:
+            pos, h = self.n_past, self.state_before(self.n_past)
+        else:
+            assert self._draft_h is not None
+            pos, h = self._draft_pos, self._draft_h
+        idx = self._add(token, pos, h, True)
+        self._run("draft")
+        self._draft_pos = pos + 1
+        self._draft_h = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn_ith(self._ctx, idx), shape=(self.n_embd,)).copy()
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.target.n_vocab,))
+        self.draft_s += time.perf_counter() - t0
+        return logits
+
+    def end_draft(self) -> None:
+        """Forget the positions the draft steps wrote (the target's verify decode writes them again)."""
+        if self._draft_pos is not None:
+            ll.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        self._draft_pos, self._draft_h = None, None
+
+    # --- following the target -------------------------------------------------------
+
+    @property
+    def cached(self) -> int:
+        """Positions the heads' KV cache holds (llama.cpp's own count), for checks."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def rollback(self, n_past: int) -> None:
+        """Keep the first ``n_past`` positions (the MTP cache is plain attention: any prefix)."""
+        self.end_draft()
+        if n_past <= 0:
+            self.reset()
+        elif n_past < self.n_past:
+            ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
+            self.n_past = n_past
+
+    def reset(self) -> None:
+        self.end_draft()
+        ll.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+        self._states = np.zeros((1, self.n_embd), np.float32)
+        self._lo = -1
+
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self.target.heads is self:
+            self.target.heads = None

@@ -17,7 +17,7 @@ import numpy as np
 from .sampling import Dist, Sampler
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from .backend import Model, MtpHeads
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,72 @@ class ModelDrafter:
             out.confidences.append(conf)
             if i + 1 < k:  # the last guess is not evaluated here: the target judges it first
                 logits = self.model.eval_last([x])
+        return out
+
+
+class MtpDrafter:
+    """Drafts from the target's own MTP heads (``backend.MtpHeads``): nothing to load, and their
+    cache is kept in step with the target's by the backend itself (every target decode feeds
+    them, every rollback rolls them back), so there is never anything to catch up here.
+
+    Each guess comes from one head step: the first from the target's pending token and its
+    last hidden state, each next one from the previous guess and the head's own state. As the
+    model drafter, it stops early below ``p_split`` confidence, and the last guess is not fed
+    back (the target judges it first). With chained heads a draft is at most as long as the
+    heads are many.
+    """
+
+    name = "mtp"
+
+    def __init__(self, heads: MtpHeads, sampler: Sampler, rng: np.random.Generator, max_draft: int | None = None):
+        self.heads = heads
+        self.model = heads  # n_past / n_ctx / reset, as the engine reads a draft model's
+        self.sampler = sampler
+        self.rng = rng
+        self.max_draft = max_draft
+
+    def prefill(self, prompt: list[int]) -> None:
+        """Nothing to do: the heads follow the target's own prefill."""
+
+    def rollback(self, keep: int) -> None:
+        """Nothing to do: the heads follow the target's own rollback."""
+
+    def measure_token_cost(self, token: int) -> float:
+        """Seconds for one head step past the cache, then undone (best of five, after a warm-up)."""
+        best = float("inf")
+        for i in range(6):
+            t = time.perf_counter()
+            self.heads.draft_step(token)
+            if i:
+                best = min(best, time.perf_counter() - t)
+            self.heads.end_draft()
+        return best
+
+    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal:
+        heads = self.heads
+        k = min(k, heads.n_ctx - len(tokens), self.max_draft or k)
+        if k <= 0 or heads.n_past != len(tokens) - 1:  # out of step with the sequence: no guess
+            return Proposal()
+        out = Proposal()
+        x = tokens[-1]
+        try:
+            for i in range(k):
+                row = heads.draft_step(x)
+                if self.sampler.greedy:
+                    x = int(np.argmax(row))
+                    conf = 1.0 / float(np.sum(np.exp(row - row[x])))
+                    q = Dist.one_hot(x)
+                else:
+                    q = self.sampler.dist(row)
+                    x = q.sample(self.rng)
+                    conf = q.top[1]
+                if conf < p_split and i > 0:
+                    break
+                out.tokens.append(x)
+                out.dists.append(q)
+                out.confidences.append(conf)
+        finally:
+            heads.end_draft()
         return out
 
 

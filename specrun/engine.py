@@ -20,15 +20,15 @@ import numpy as np
 
 from .control import CALIBRATION_SIZES, Controller, CopyModel, Plan
 from .costs import CostModel, CpuWatch, Learned, calibrate, now
-from .drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, common_prefix
+from .drafters import Drafter, ModelDrafter, MtpDrafter, NgramDrafter, Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
 from .sampling import Sampler, accept_or_resample
 from .stats import RoundStats, RunStats
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
-    from .backend import Model
+    from .backend import Model, MtpHeads
 
-DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+DRAFT_MODES = ("model", "ngram", "mtp", "hybrid", "none")
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 
 
@@ -36,7 +36,7 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
-    draft: str = "hybrid"  # model | ngram | hybrid | none
+    draft: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
     draft_max: int | None = None  # None: DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
     draft_min: int = 1
     p_split: float = 0.6
@@ -69,11 +69,12 @@ class Settings:
 
     @property
     def sources(self) -> list[str]:
-        return {"model": ["model"], "ngram": ["ngram"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
+        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
 
-    def without_draft_model(self) -> Settings:
-        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone."""
-        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" else self
+    def without_draft_model(self, heads: bool = False) -> Settings:
+        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
+        or with the target's MTP heads when they are loaded (``heads``)."""
+        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" and not heads else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,8 @@ def speculative_round(
     # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
     # last token: the correction, or the last accepted draft if a near-tie was deferred)
     rollback(target, drafter, len(tokens) + n - deferred)
-    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties))
+    source = (drafter.name if drafter is not None else plan.source) if k else "none"  # "mtp" drafts in the model's slot
+    stats = RoundStats(source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties))
     return Round(emitted, n, deferred, draft, stats)
 
 
@@ -199,10 +201,15 @@ class Engine:
         sampler: Sampler,
         cost: CostModel | None = None,
         learned: Learned | None = None,
+        heads: MtpHeads | None = None,
     ):
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
-        (its curve, unless ``cost`` is given, and its copy and near-tie statistics)."""
-        if "model" in settings.sources and draft is None:
+        (its curve, unless ``cost`` is given, and its copy and near-tie statistics); ``heads``:
+        the target's MTP heads, attached to it (they draft with {draft} mtp, and in hybrid
+        when no draft model is given)."""
+        if settings.draft == "mtp" and heads is None:
+            raise UsageError("{draft} mtp needs the target's MTP heads loaded", "use another {draft}", "draft")
+        if "model" in settings.sources and draft is None and heads is None:
             raise UsageError(
                 f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
             )
@@ -210,13 +217,16 @@ class Engine:
         self.settings = settings
         self.sampler = sampler
         self.rng = sampler.rng()
-        self.model_drafter = (
+        self.model_drafter: ModelDrafter | MtpDrafter | None = (
             ModelDrafter(draft, sampler, self.rng, target.n_vocab) if draft is not None and "model" in settings.sources else None
         )
+        # until the chooser has an arm per source, the heads draft in the controller's one model slot
+        if self.model_drafter is None and heads is not None and settings.draft in ("mtp", "hybrid"):
+            self.model_drafter = MtpDrafter(heads, sampler, self.rng, heads.max_draft)
         self.ngram = NgramDrafter(settings.ngram_min, settings.ngram_max) if "ngram" in settings.sources else None
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.controller = Controller(
-            settings.sources,
+            ["model" if s == "mtp" else s for s in settings.sources],
             draft_min=settings.draft_min,
             draft_max=settings.k_max,
             p_split=settings.p_split,
