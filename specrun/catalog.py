@@ -64,9 +64,9 @@ class Summary:
     add_eos: bool | None
     texts_hash: str
     fingerprint: str
-    mtp_heads: int  # built-in MTP heads (heads.py), their weights and KV bytes per position
-    mtp_bytes: int
-    mtp_kv_per_token: int
+    mtp_heads: int = 0  # built-in MTP heads (heads.py), their weights and KV bytes per position
+    mtp_bytes: int = 0
+    mtp_kv_per_token: int = 0
 
     @property
     def heads(self) -> Heads:
