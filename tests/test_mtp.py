@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_mtp import TARGET_SEED, TRUNK_LAYERS, build_mtp, mtp_weights
+from tiny_mtp import TRUNK_LAYERS, build_mtp, mtp_block, mtp_variants
 
 from specrun.backend import LoadOptions, Model, MtpHeads
 from specrun.cli.main import main
@@ -112,7 +112,7 @@ def test_the_header_names_the_heads_and_their_bytes(mtp):
     info = model_info(mtp["mtp"])
     h = heads_of(info)
     assert (h.count, h.first_block, h.usable, h.chained, h.max_draft) == (1, TRUNK_LAYERS, True, False, None)
-    assert h.weights_bytes == sum(w.nbytes for w in mtp_weights(TARGET_SEED + 1, TRUNK_LAYERS).values())  # F32, as written
+    assert h.weights_bytes == sum(w.nbytes for w in mtp_block(mtp_variants()["mtp"]).values())  # F32, as written
     assert h.kv_bytes_per_token == 2 * 16 * 2 * 2  # 2 KV heads x (k + v) x 16 dims x f16
     assert h.describe() == "built-in MTP: 1 head" and h.stripped_note() is None
     stripped = heads_of(model_info(mtp["mtp-stripped"]))
