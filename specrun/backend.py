@@ -588,20 +588,23 @@ class MtpHeads:
     target's hidden state at p - 1 (its post-norm output, ``embeddings_nextn``), and predicts
     the token at p + 1. So:
 
-    * **in step**: the heads' cache holds an entry for every position the target's holds
-      (``n_past`` equal). After each target decode (:meth:`process`, which the target calls)
-      its tokens go through the heads, each paired with the state before it: the first with
-      the state the previous batch left, the others with this batch's rows;
+    * **in step**: the heads account for every position the target's cache holds (``n_past``
+      equal). After each target decode the target calls :meth:`process`: each of its tokens,
+      paired with the state before it (the first with the state the previous batch left, the
+      others with this batch's rows), is queued for the heads' cache;
+    * **catching up lazily**: the queue is fed with the next draft step, in the same
+      ``llama_process`` (or on its own once it fills a batch). A verify's rejected tokens are
+      rolled back before that, so they are never fed at all: one MTP decode per drafting
+      round instead of llama.cpp's two (a catch-up, then the first draft step);
     * **drafting** (:meth:`draft_step`): the target's pending token at position ``n_past``
       with its last state gives the first guess; each guess, fed back with the head's own
       state, gives the next. :meth:`end_draft` forgets those positions again;
-    * **rollback** follows the target's (``Model.rollback``): the heads keep the same prefix,
-      and the state before it (the last accepted row of the verify batch) is kept from the
-      last batch's rows.
+    * **rollback** follows the target's (``Model.rollback``): the same prefix, queued or fed,
+      and the state before it (the last accepted row of the verify batch).
 
-    With several heads chained (step35, mimo2, hy-v3: one per draft position) a draft is at
-    most ``n_heads`` long; this class runs the first head only, so it drafts with one-head
-    models (qwen35, glm4moe, deepseek, ...) and refuses chained ones for now.
+    Several heads chained (step35, mimo2, hy-v3: one per draft position, llama.cpp's chain
+    mode) are not run as a chain here: the first head drafts alone, and a draft goes no
+    further than the heads are many (``max_draft``).
     """
 
     def __init__(self, target: Model):
@@ -614,8 +617,6 @@ class MtpHeads:
         self.target = target
         self.n_heads = target.n_nextn
         self.n_ctx = target.n_ctx
-        # several heads are trained one per draft position: only the first runs here, and a
-        # draft goes no further than the heads are many
         self.max_draft = self.n_heads if self.n_heads > 1 else None
         self.n_embd = int(ll.llama_model_n_embd_out(target._model))
         cp = ll.llama_context_default_params()
@@ -635,18 +636,15 @@ class MtpHeads:
             raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {draft}")
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
+        self.n_batch = max(1, int(ll.llama_n_batch(self._ctx)))
         self._pos = (ll.llama_pos * 4)()  # one position per text token (the rest unused)
         ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
         ll_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # and for the heads' output rows
-        self.n_past = 0
-        # the target's states for positions [_lo, _lo + len(_states)): its last batch and the one before
-        self._states = np.zeros((1, self.n_embd), np.float32)
-        self._lo = -1  # the state "before position 0" is zeros, as in llama.cpp
-        self._draft_pos: int | None = None  # the next draft position while drafting
-        self._draft_h: np.ndarray | None = None
-        self.process_s = 0.0  # seconds spent catching the heads up with the target's batches
-        self.processed = 0  # tokens those catch-ups fed
-        self.draft_s = 0.0  # seconds spent in draft steps
+        self.process_s = 0.0  # seconds spent queueing and feeding the target's batches
+        self.fed = 0  # tokens fed to the heads' cache
+        self.draft_s = 0.0  # seconds spent in draft steps (a first step's catch-up included)
+        self.decodes = 0  # llama_process calls on the heads' context
+        self.reset()
         if target.n_past:  # attached after the target decoded something: start over with it
             tokens = list(target.tokens)
             target.reset()
@@ -654,7 +652,7 @@ class MtpHeads:
             target.eval(tokens, logits="none")
         target.heads = self
 
-    # --- the target's states -------------------------------------------------------
+    # --- the target's states and the queue ------------------------------------------------
 
     def has_state_before(self, pos: int) -> bool:
         """Is the target's hidden state at ``pos - 1`` at hand?"""
@@ -662,6 +660,34 @@ class MtpHeads:
 
     def state_before(self, pos: int) -> np.ndarray:
         return self._states[pos - 1 - self._lo]
+
+    @property
+    def cached(self) -> int:
+        """Positions in the heads' KV cache (llama.cpp's own count): ``n_past`` less the queue."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def process(self, tokens: list[int], pos0: int) -> None:
+        """The target just decoded ``tokens`` at ``pos0``...: keep its states, and queue every
+        position the heads lack, each token with the state before it."""
+        t0 = time.perf_counter()
+        n = len(tokens)
+        rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
+        before = self.state_before(pos0) if self.has_state_before(pos0) else None
+        if pos0 > self.n_past or (before is None and self.n_past <= pos0):  # pragma: no cover - Model keeps them in step
+            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {draft}")
+        self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_embd), np.float32), rows])
+        self._lo = pos0 - (before is not None)
+        # a batch re-decoding positions the heads hold keeps their entries
+        for p in range(max(self.n_past, pos0), pos0 + n):
+            self._queue.append((tokens[p - pos0], p, self.state_before(p)))
+        self.n_past = pos0 + n
+        if len(self._queue) >= self.n_batch:  # keep room in a batch for the queue and a draft token
+            self._feed(self.n_batch - 1)
+        self.process_s += time.perf_counter() - t0
 
     def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> int:
         b = self._batch
@@ -678,42 +704,39 @@ class MtpHeads:
             ll.llama_batch_ext_set_output_logits(b, idx, True)
         return idx
 
+    def _add_queue(self, limit: int) -> int:
+        """Put up to ``limit`` queued entries into the batch, oldest first; how many."""
+        take = self._queue[:limit]
+        for token, pos, h in take:
+            self._add(token, pos, h, False)
+        del self._queue[: len(take)]
+        self.fed += len(take)
+        return len(take)
+
     def _run(self, what: str) -> None:
+        self.decodes += 1
         rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         ll.llama_batch_ext_clear(self._batch)
         if rc != 0:
             raise BackendError(f"the MTP heads failed to {what} (llama_process code {rc})", "use another {draft}")
 
-    def process(self, tokens: list[int], pos0: int) -> None:
-        """The target just decoded ``tokens`` at ``pos0``...: keep its states, and feed the heads
-        every one of those positions they lack, each token with the state before it."""
-        t0 = time.perf_counter()
-        n = len(tokens)
-        rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
-        before = self.state_before(pos0) if self.has_state_before(pos0) else None
-        if pos0 > self.n_past or (before is None and self.n_past < pos0 + n):  # pragma: no cover - Model keeps them in step
-            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {draft}")
-        self.n_past = min(self.n_past, pos0 + n)  # a batch re-decoding positions the heads hold keeps their entries
-        start = self.n_past
-        for p in range(start, pos0 + n):
-            i = p - pos0
-            self._add(tokens[i], p, rows[i - 1] if i > 0 else before, False)
-        if start < pos0 + n:
+    def _feed(self, keep: int = 0) -> None:
+        """Feed the queue to the heads' cache, leaving at most ``keep`` entries queued."""
+        while len(self._queue) > keep:
+            self._add_queue(min(self.n_batch, len(self._queue) - keep))
             self._run("catch up")
-            self.processed += pos0 + n - start
-        self.n_past = pos0 + n
-        self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_embd), np.float32), rows])
-        self._lo = pos0 - (before is not None)
-        self.process_s += time.perf_counter() - t0
 
     # --- drafting -------------------------------------------------------------------
 
     def draft_step(self, token: int) -> np.ndarray:
         """Feed ``token`` at the next draft position (the first: the target's pending token at
-        ``n_past``, with the target's last state; then each guess with the head's own state);
-        the heads' logits for the position after it (a view, valid until the next step)."""
+        ``n_past``, with the target's last state, behind whatever is queued; then each guess
+        with the head's own state); the heads' logits for the position after it (a view,
+        valid until the next step)."""
         t0 = time.perf_counter()
         if self._draft_pos is None:
+            self._feed(self.n_batch - 1)
+            self._add_queue(self.n_batch - 1)
             pos, h = self.n_past, self.state_before(self.n_past)
         else:
             assert self._draft_h is not None
@@ -734,26 +757,27 @@ class MtpHeads:
 
     # --- following the target -------------------------------------------------------
 
-    @property
-    def cached(self) -> int:
-        """Positions the heads' KV cache holds (llama.cpp's own count), for checks."""
-        return int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
-
     def rollback(self, n_past: int) -> None:
-        """Keep the first ``n_past`` positions (the MTP cache is plain attention: any prefix)."""
+        """Keep the first ``n_past`` positions, queued or fed (the MTP cache is plain
+        attention: any prefix)."""
         self.end_draft()
         if n_past <= 0:
             self.reset()
-        elif n_past < self.n_past:
+            return
+        if n_past < self.n_past:
+            self._queue = [e for e in self._queue if e[1] < n_past]
             ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
             self.n_past = n_past
 
     def reset(self) -> None:
-        self.end_draft()
+        self._draft_pos: int | None = None  # the next draft position while drafting
+        self._draft_h: np.ndarray | None = None
         ll.llama_memory_clear(self._mem, True)
-        self.n_past = 0
+        self.n_past = 0  # positions accounted for: in the heads' cache, or queued for it
+        self._queue: list[tuple[int, int, np.ndarray]] = []  # (token, position, state before it), oldest first
+        # the target's states for positions [_lo, _lo + len(_states)): its last batch and the one before
         self._states = np.zeros((1, self.n_embd), np.float32)
-        self._lo = -1
+        self._lo = -1  # the state "before position 0" is zeros, as in llama.cpp
 
     def close(self) -> None:
         if self._batch is not None:

@@ -87,12 +87,13 @@ def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS,
 
 
 def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
-    """The heads hold exactly the target's positions, their pending state is the target's state
-    at the last cached position, and their next guess equals that of heads that caught up
-    with the same sequence in one batch."""
+    """The heads account for exactly the target's positions (in their cache, or queued for it),
+    their pending state is the target's state at the last cached position, and their next
+    guess equals that of heads that caught up with the same sequence in one batch."""
     h = target.heads
     assert h is not None and fresh.heads is not None
-    assert target.n_past == h.n_past == h.cached == len(seq) - 1
+    assert target.n_past == h.n_past == h.cached + h.queued == len(seq) - 1
+    assert h.queued <= K + 1  # what the last verify kept, not yet fed
     assert target.tokens == seq[:-1]
     fresh.reset()
     fresh.eval(seq[:-1], logits="none")
@@ -102,7 +103,7 @@ def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
     want = fresh.heads.draft_step(seq[-1]).copy()
     fresh.heads.end_draft()
     np.testing.assert_allclose(got, want, atol=2e-2)
-    assert h.cached == h.n_past  # the draft step's position is forgotten again
+    assert h.cached == h.n_past and h.queued == 0  # the queue went in with the draft step, whose position is forgotten again
 
 
 # --- the header ---------------------------------------------------------------------------
@@ -217,6 +218,16 @@ def test_greedy_mtp_equals_plain(target, fresh, plain, prompt):
     out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
     assert out == plain[prompt]
     assert stats.by_source["mtp"][1] > 0 and seen["accept"] and seen["reject"]
+
+
+def test_a_prompt_of_several_batches(target, fresh):
+    """A prompt over three times the batch size: the target prefills it in chunks, and the
+    heads catch up chunk by chunk (never more than a batch queued); exact and in step."""
+    prompt = target.tokenize(" ".join(PROMPTS) * 4)
+    assert len(prompt) > 3 * target.n_batch
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=NO_TIES)
+    out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
+    assert out == run(target, Settings("none", tie_margin=NO_TIES), prompt, n=24)[0]
 
 
 @pytest.mark.xfail(reason="a hybrid cache rolled back over a whole batch (issue 23)", strict=True)
