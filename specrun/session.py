@@ -140,7 +140,7 @@ def uses_heads(target: Path, settings: Settings, draft: Path | None) -> bool:
 def _no_heads(h: Heads) -> str:
     if h.count and not h.supported:
         return f"{h.count} that llama.cpp cannot run ({h.architecture} has no MTP graph)"
-    stripped = " (the conversion or quant may have stripped them)" if h.stripped_note() else ""
+    stripped = "; the conversion or quant may have stripped them" if h.stripped_note() else ""
     return f"none (nextn_predict_layers is 0{stripped})"
 
 
