@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .architecture import EVERY_LAYER, Architecture, describe
 from .errors import BadModelFile
 from .gguf_header import GGUFHeader, read_header
 
@@ -63,6 +64,12 @@ class ModelInfo:
     add_eos: bool | None
     chat_template: str | None
     header: GGUFHeader
+    arch: Architecture  # attention only, hybrid or recurrent; how a rejected draft is undone
+
+    @property
+    def state_bytes(self) -> int:
+        """One copy of the recurrent state of one sequence (0 for attention only)."""
+        return self.arch.state_bytes or 0
 
     @property
     def n_vocab(self) -> int:
@@ -148,6 +155,7 @@ class ModelInfo:
             },
             "chat_template": self.chat_template is not None,
             "kv_bytes_per_1k_ctx": self.kv_bytes(1024),
+            "memory": self.arch.to_json(),
         }
 
 
@@ -198,6 +206,11 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
     else:
         n_head_kv = [_int(raw_kv) or n_head] * n_layer
     head_dim = n_embd // n_head if n_head else 0
+    arch_info = describe(h, n_layer)
+    if arch_info.recurrent_layers is not None and arch_info.kind == "hybrid" and arch not in EVERY_LAYER:
+        # only the attention layers of a hybrid have a KV cache (qwen35 writes one head count for all)
+        recurrent = list(arch_info.recurrent_layers) + [True] * (n_layer - len(arch_info.recurrent_layers))  # MTP blocks too
+        n_head_kv = [0 if r else kv for kv, r in zip(n_head_kv, recurrent)]
     tokens = h.get("tokenizer.ggml.tokens", [])
     ff = a("feed_forward_length", 0)
     return ModelInfo(
@@ -229,4 +242,5 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         add_eos=h.get("tokenizer.ggml.add_eos_token"),
         chat_template=h.get("tokenizer.chat_template"),
         header=h,
+        arch=arch_info,
     )
