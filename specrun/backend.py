@@ -2,8 +2,16 @@
 
 Everything goes through llama.cpp's batch API: one ``llama_batch`` per model, allocated once
 with the capacity of ``n_batch`` and reused; per-row logits flags, so only the rows the engine
-asks for produce logits (never an n_ctx x n_vocab buffer); ``llama_memory_seq_rm`` to roll
-the KV cache back. :meth:`Model.rollback` is the one place positions move backwards.
+asks for produce logits (never an n_ctx x n_vocab buffer). :meth:`Model.rollback` is the one
+place positions move backwards, by the method the architecture allows (``rollback_method``):
+
+* ``trim``: an attention KV cache; ``llama_memory_seq_rm`` forgets the positions;
+* ``snapshots``: a recurrent or hybrid model whose architecture keeps state snapshots
+  (``n_rs_seq``): ``llama_memory_seq_rm`` restores one, once per decode, for up to that many of
+  the last decode's tokens, never all of them;
+* ``checkpoint``: a recurrent state without snapshots: :meth:`Model.checkpoint` copies the
+  sequence's state before decodes that may be undone; a rollback restores it and replays the
+  tokens kept (one decode, no logits).
 """
 
 from __future__ import annotations
@@ -328,7 +336,9 @@ class LoadOptions:
     tensor_split: tuple[float, ...] | None = None
     verbose: bool = False
     load_mtp: bool = False  # also load the built-in MTP heads' tensors (see MtpHeads)
-    n_rs_seq: int = 0  # recurrent-state snapshots per sequence (hybrid models; 0: none)
+    # recurrent-state snapshots to ask for on an architecture that keeps them: the most draft
+    # tokens one rollback may undo (the engine's adaptive draft cap, DRAFT_MAX_ADAPTIVE)
+    rollback_depth: int = 32
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -339,6 +349,34 @@ class Offload:
     layers: int  # offloaded, as llama.cpp reports it
     total: int  # n_layer + 1 (the output layer counts)
     reported: bool  # False: the build never printed the line (a CPU-only build)
+
+
+ROLLBACK_METHODS = ("trim", "snapshots", "checkpoint")
+# a snapshot model also keeps a checkpoint this many positions back at most, for the one
+# rollback snapshots cannot do (a whole decode, as when a near-tie defers the pending token)
+ANCHOR_EVERY = 64
+CHECKPOINTS_KEPT = 2
+
+
+@dataclass
+class RollbackStats:
+    """How one model's rollbacks went (counts since load)."""
+
+    trims: int = 0  # attention caches: positions forgotten
+    snapshots: int = 0  # rollbacks through a state snapshot
+    restores: int = 0  # rollbacks through a checkpoint, then a replay
+    full_replays: int = 0  # no checkpoint at or before the position: the sequence replayed from 0
+    replayed: int = 0  # tokens replayed after restores and full replays
+    checkpoints: int = 0  # states saved
+    checkpoint_bytes: int = 0  # the size of the last one
+    seconds: float = 0.0  # in rollback() and checkpoint() together
+
+
+@dataclass
+class _Checkpoint:
+    n_past: int  # the sequence's length when the state was saved
+    size: int  # bytes of ``data`` in use
+    data: ctypes.Array  # the sequence's recurrent state, as llama_state_seq_get_data_ext wrote it
 
 
 class Model:
@@ -367,11 +405,13 @@ class Model:
         cp = ll.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = opts.n_batch
-        cp.n_ubatch = opts.n_batch
+        cp.n_ubatch = opts.n_batch  # a verify is one ubatch: snapshots cover the last ubatch only
+        self.recurrent = bool(ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model))
+        if self.recurrent:  # llama.cpp grants none where the architecture has no snapshots
+            cp.n_rs_seq = max(0, min(opts.rollback_depth, opts.n_batch - 2))  # its split needs n_ubatch > n_rs_seq + 1
         cp.n_threads = opts.n_threads
         cp.n_threads_batch = opts.n_threads
         cp.n_outputs_max = opts.n_outputs_max
-        cp.n_rs_seq = opts.n_rs_seq
         cp.no_perf = True
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
@@ -385,6 +425,11 @@ class Model:
         # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
         self.n_batch = max(1, min(opts.n_batch, int(ll.llama_n_batch(self._ctx))))
         self._mem = ll.llama_get_memory(self._ctx)
+        self.snapshots = int(ll.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
+        self.rollback_method = "trim" if not self.recurrent else "snapshots" if self.snapshots else "checkpoint"
+        self.rollback_stats = RollbackStats()
+        self._undoable = 0  # snapshot models: how many of the cache's last tokens a snapshot can undo
+        self._checkpoints: list[_Checkpoint] = []  # oldest first
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model))  # MTP heads in the file (loaded only with load_mtp)
@@ -515,8 +560,48 @@ class Model:
             ll.llama_memory_seq_rm(self._mem, 0, pos0, -1)
             raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower {n_ctx}")
         self.tokens.extend(tokens)
+        # a decode of n tokens leaves snapshots of the states after its last n - 1 tokens but one
+        self._undoable = min(self.snapshots, n - 1)
         if self.heads is not None:  # the heads see every batch the target decodes, with its hidden states
             self.heads.process(tokens, pos0)
+
+    # --- rollback -----------------------------------------------------------------------
+
+    @property
+    def draft_limit(self) -> int | None:
+        """The most draft tokens one verify may carry so that a rollback stays cheap: the
+        snapshots granted, on a snapshot model; no limit otherwise."""
+        return self.snapshots if self.rollback_method == "snapshots" else None
+
+    def checkpoint(self, full: bool = False) -> None:
+        """Before decodes that may be undone, make a rollback to any position from here on
+        possible. Free on an attention cache. On a snapshot model, free for one decode of which
+        the first token stays (a verify's pending token), bar an anchor every ANCHOR_EVERY
+        positions; ``full`` (several decodes follow, or the whole decode may go) saves a copy of
+        the state there too. Without snapshots, always a copy of the recurrent state. The last
+        CHECKPOINTS_KEPT copies are kept: a rollback to just before the latest (a near-tie
+        deferring the pending token) restores the one before and replays a round's tokens."""
+        if self.rollback_method == "trim":
+            return
+        kept = self._checkpoints
+        latest = kept[-1].n_past if kept else None
+        if latest == self.n_past:
+            return  # the saved state is this position's already
+        if self.rollback_method == "snapshots" and not full and latest is not None and self.n_past - latest < ANCHOR_EVERY:
+            return
+        t0 = time.perf_counter()
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(ll.llama_state_seq_get_size_ext(self._ctx, 0, flags))
+        old = kept.pop(0) if len(kept) == CHECKPOINTS_KEPT else None
+        buf = old.data if old is not None and len(old.data) >= size else (ctypes.c_uint8 * size)()
+        got = int(ll.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags))
+        if got == 0:
+            raise BackendError(f"cannot save the recurrent state of {self.path.name}", "use {draft} none")
+        kept.append(_Checkpoint(self.n_past, got, buf))
+        st = self.rollback_stats
+        st.checkpoints += 1
+        st.checkpoint_bytes = got
+        st.seconds += time.perf_counter() - t0
 
     def rollback(self, n_past: int) -> None:
         """Forget every position >= n_past. The one place positions move backwards (the
@@ -524,29 +609,67 @@ class Model:
         if n_past >= self.n_past:
             return
         heads = self.heads
+        if heads is not None:
+            heads.rollback(n_past)  # first: a replay below must not queue what the heads hold
+        self._rollback(n_past)
         if heads is not None and n_past > 0 and not heads.has_state_before(n_past):
             # the heads pair the next token with the target's hidden state at n_past - 1, which
             # only a decode returns: decode that token again (the heads keep their entry for it)
             redo = self.tokens[n_past - 1]
             self._rollback(n_past - 1)
-            heads.rollback(n_past)
             self._decode([redo], "none")
-            return
-        self._rollback(n_past)
-        if heads is not None:
-            heads.rollback(n_past)
 
     def _rollback(self, n_past: int) -> None:
-        if not ll.llama_memory_seq_rm(self._mem, 0, n_past, -1):
-            raise BackendError(
-                f"{self.path.name} cannot roll back its cache (a recurrent or hybrid model)",
-                "speculation needs a transformer target and draft; use {draft} none",
-            )
-        del self.tokens[n_past:]
+        """The target's own rollback, by the architecture's method."""
+        t0 = time.perf_counter()
+        st = self.rollback_stats
+        drop = self.n_past - n_past
+        # states past the new end are of tokens that will differ
+        self._checkpoints = [c for c in self._checkpoints if c.n_past <= n_past]
+        if self.rollback_method == "trim" or (self.rollback_method == "snapshots" and drop <= self._undoable):
+            ok = ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
+            if ok or self.rollback_method == "trim":
+                if not ok:
+                    raise BackendError(f"llama.cpp refused to roll {self.path.name}'s cache back to {n_past}", "use {draft} none")
+                del self.tokens[n_past:]
+                self._undoable = 0  # a snapshot serves once: the next decode consumes it
+                if self.rollback_method == "trim":
+                    st.trims += 1
+                else:
+                    st.snapshots += 1
+                st.seconds += time.perf_counter() - t0
+                return
+        self._restore(n_past)
+        st.seconds += time.perf_counter() - t0
+
+    def _restore(self, n_past: int) -> None:
+        """Put the state back at the latest checkpoint at or before ``n_past`` (else empty it)
+        and replay the tokens from there to ``n_past``."""
+        st = self.rollback_stats
+        keep = self.tokens[:n_past]
+        if self._checkpoints:  # rollback() kept only those at or before n_past
+            ck = self._checkpoints[-1]
+            flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if int(ll.llama_state_seq_set_data_ext(self._ctx, ck.data, ck.size, 0, flags)) == 0:
+                raise BackendError(f"cannot restore the recurrent state of {self.path.name}", "use {draft} none")
+            ll.llama_memory_seq_rm(self._mem, 0, ck.n_past, -1)  # the attention part keeps what the state saw
+            start = ck.n_past
+            st.restores += 1
+        else:
+            ll.llama_memory_clear(self._mem, True)
+            start = 0
+            st.full_replays += 1
+        self.tokens = keep[:start]
+        self._undoable = 0
+        if n_past > start:
+            self.eval(keep[start:], logits="none")
+            st.replayed += n_past - start
 
     def reset(self) -> None:
         ll.llama_memory_clear(self._mem, True)
         self.tokens = []
+        self._checkpoints = []
+        self._undoable = 0
         if self.heads is not None:
             self.heads.reset()
 

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .architecture import short_label
 from .catalog import Catalog
 from .discovery import DraftReport
 from .heads import Heads, heads_of
@@ -56,13 +57,14 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
         vocab.add_row(c.name, str(c.target), str(c.draft), mark, c.detail)
 
     mem = Table(title=f"Memory at -c {r.n_ctx}", title_justify="left")
-    for col in ("model", "weights", "KV cache", "compute", "total", "on devices", "in RAM"):
+    for col in ("model", "weights", "KV cache", "state", "compute", "total", "on devices", "in RAM"):
         mem.add_column(col, justify="right" if col != "model" else "left")
     for m in r.fit.models:
         mem.add_row(
             m.role,
             human_bytes(m.weights),
             human_bytes(m.kv_cache),
+            human_bytes(m.state) if m.state else "-",
             human_bytes(m.compute),
             human_bytes(m.total),
             human_bytes(m.on_devices),
@@ -70,6 +72,7 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
         )
     parts = [
         Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
+        Text(f"target: {r.target.arch.sentence()}\ndraft:  {r.draft.arch.sentence()}"),
         vocab,
         mem,
     ]
@@ -211,6 +214,10 @@ def inspect_table(m: ModelInfo) -> Table:
         rows.append((f"{k} token", "-" if v is None else f"{v['id']} {v['text']!r}"))
     rows.append(("chat template", "present" if m.chat_template else "absent"))
     rows.append(("KV cache per 1k context (f16)", human_bytes(m.kv_bytes(1024))))
+    rows.append(("memory and rollback", m.arch.sentence()))
+    if m.arch.kind != "attention":
+        state = "unknown" if m.arch.state_bytes is None else human_bytes(m.arch.state_bytes)
+        rows.append(("recurrent state (one sequence)", state))
     h = heads_of(m)
     if h.count:
         rows.append(
@@ -271,7 +278,7 @@ def drafts_table(r: DraftReport) -> Group:
     """`specrun drafts`: the compatible drafts, ranked, and why every other file cannot draft."""
     t = r.target
     head = Text(
-        f"Drafts for {r.target_label}: {t.name} ({t.architecture}, {human_count(t.n_params)} params, "
+        f"Drafts for {r.target_label}: {t.name} ({short_label(t.architecture)}, {human_count(t.n_params)} params, "
         f"{human_bytes(t.weights_bytes)} weights, {t.n_vocab} tokens)"
     )
     parts: list = [head]
@@ -289,7 +296,7 @@ def drafts_table(r: DraftReport) -> Group:
             ok.add_row(
                 str(i),
                 "\n".join(c.known.refs),
-                s.architecture,
+                short_label(s.architecture),
                 s.quant,
                 human_bytes(s.weights_bytes),
                 f"{c.size_ratio:.2f}x",
@@ -304,7 +311,7 @@ def drafts_table(r: DraftReport) -> Group:
         no.add_column("arch")
         no.add_column("why", overflow="fold")
         for c in r.cannot:
-            no.add_row("\n".join(c.known.refs), c.summary.architecture, c.reason)
+            no.add_row("\n".join(c.known.refs), short_label(c.summary.architecture), c.reason)
         parts.append(no)
     for k in r.unreadable:
         parts.append(Text(f"unreadable: {', '.join(k.refs)}: {k.error}", style="red"))

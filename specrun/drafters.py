@@ -100,6 +100,7 @@ class ModelDrafter:
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode, measured past the cache, then undone."""
         base = self.model.n_past
+        self.model.checkpoint(full=True)  # hybrid/recurrent drafts: each measured decode is undone
         self.model.eval([token], logits="last")  # warm-up: the first decode after a load is slow
         self.model.rollback(base)
         best = float("inf")
@@ -117,6 +118,8 @@ class ModelDrafter:
             return Proposal()
         t = time.perf_counter()
         logits, evaluated = self._sync(tokens)
+        if k > 1:
+            self.model.checkpoint(full=True)  # hybrid/recurrent drafts: the drafting decodes below may be undone
         # more than a round's usual one or two tokens: a catch-up, not a per-token cost
         caught_up = evaluated > 2
         out = Proposal(sync_s=time.perf_counter() - t if caught_up else 0.0, caught_up=evaluated if caught_up else 0)

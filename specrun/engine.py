@@ -131,6 +131,7 @@ def speculative_round(
 
     # Step 2: the target scores the pending token plus all K drafts in ONE decode;
     # row i holds the target's distribution for the token after draft i-1
+    target.checkpoint()  # hybrid/recurrent targets: make this decode undoable (free on attention)
     logits = target.eval([tokens[-1], *draft.tokens], logits="all")
     assert logits is not None
     t2 = now()
@@ -168,8 +169,9 @@ def speculative_round(
     # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
     # last token: the correction, or the last accepted draft if a near-tie was deferred)
     rollback(target, drafter, len(tokens) + n - deferred)
+    rollback_s = now() - t3  # a checkpoint restore plus replay is a real cost of a rejection
     source = (drafter.name if drafter is not None else plan.source) if k else "none"  # "mtp" drafts in the model's slot
-    stats = RoundStats(source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties))
+    stats = RoundStats(source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties), rollback_s)
     return Round(emitted, n, deferred, draft, stats)
 
 
@@ -213,6 +215,8 @@ class Engine:
             raise UsageError(
                 f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
             )
+        if target.draft_limit is not None and target.draft_limit < settings.k_max:  # a snapshot target undoes at most this many drafts
+            settings = dataclasses.replace(settings, draft_max=target.draft_limit, draft_min=min(settings.draft_min, target.draft_limit))
         self.target = target
         self.settings = settings
         self.sampler = sampler
@@ -281,6 +285,7 @@ class Engine:
         room = self.target.n_ctx - base
 
         def measure(b: int) -> float:
+            self.target.checkpoint(full=True)  # hybrid/recurrent targets: the whole decode is undone
             t = now()
             self.target.eval([pad] * b, logits="all")
             dt = now() - t

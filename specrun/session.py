@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .architecture import require_loadable
 from .compat import check_vocab
 from .control import CostModel, CostStore
 from .engine import Engine, Settings
@@ -208,6 +209,9 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
 
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
+    for info in (t_info, d_info):
+        if info is not None:
+            require_loadable(info.arch, info.path.name)
     if d_info is not None:
         compat = check_vocab(t_info, d_info)
         if not compat.compatible:

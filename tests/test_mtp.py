@@ -6,7 +6,8 @@ round (its KV length, its pending state, and its next guess against a fresh catc
 turns, sampling that keeps the target's distribution, and tokens counted by source.
 
 qwen35 is hybrid (delta-net layers): its target context keeps ``SNAPSHOTS`` recurrent-state
-snapshots so that a verify can be rolled back, which bounds a draft to that many tokens."""
+snapshots so that a verify can be rolled back, which bounds a draft to that many tokens, and a
+checkpoint for the rollback snapshots cannot do (tests/test_hybrid.py's)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,7 @@ from specrun.sampling import Sampler
 from specrun.server.metrics import Metrics
 
 SNAPSHOTS = 6  # recurrent-state snapshots on the target: a verify rolls back at most this many
-# a round that defers a near-tie rolls back its K drafts and the pending token: K + 1 <= SNAPSHOTS
-K = SNAPSHOTS - 1
-# Rolling a hybrid cache back over a whole verify batch (a near-tie deferred at its first row)
-# returns true but leaves a wrong recurrent state (llama.cpp's snapshots are of the states after
-# each token of the last batch, not before it): issue 23's to handle. Until then the runs here
-# settle no near-ties (tie margin 0), and the near-tie test is expected to fail.
-NO_TIES = 0.0
+K = SNAPSHOTS  # drafts per round (a near-tie deferred at a verify's first row restores a checkpoint)
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The",
     "def fibonacci(n: int) -> int:\n    if n < 2:",
@@ -52,7 +47,7 @@ def mtp(tmp_path_factory) -> dict[str, Path]:
 
 
 def load(path: Path, heads: bool = True) -> Model:
-    m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64, load_mtp=heads, n_rs_seq=SNAPSHOTS))
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64, load_mtp=heads, rollback_depth=SNAPSHOTS))
     if heads:
         MtpHeads(m)
     return m
@@ -199,7 +194,7 @@ def test_draft_mtp_without_heads_is_one_line_exit_2(mtp, tiny, variant, capsys):
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return {p: run(target, Settings("none", tie_margin=NO_TIES), target.tokenize(p))[0] for p in PROMPTS}
+    return {p: run(target, Settings("none"), target.tokenize(p))[0] for p in PROMPTS}
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -214,7 +209,7 @@ def test_greedy_mtp_equals_plain(target, fresh, plain, prompt):
         seen["reject"] += r.accepted < r.drafted
         check_in_step(target, fresh, e.tokens)
 
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=NO_TIES)
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
     out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
     assert out == plain[prompt]
     assert stats.by_source["mtp"][1] > 0 and seen["accept"] and seen["reject"]
@@ -225,12 +220,11 @@ def test_a_prompt_of_several_batches(target, fresh):
     heads catch up chunk by chunk (never more than a batch queued); exact and in step."""
     prompt = target.tokenize(" ".join(PROMPTS) * 4)
     assert len(prompt) > 3 * target.n_batch
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=NO_TIES)
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
     out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
-    assert out == run(target, Settings("none", tie_margin=NO_TIES), prompt, n=24)[0]
+    assert out == run(target, Settings("none"), prompt, n=24)[0]
 
 
-@pytest.mark.xfail(reason="a hybrid cache rolled back over a whole batch (issue 23)", strict=True)
 def test_near_ties_keep_the_heads_in_step(target, fresh, plain):
     """A wide tie margin makes most rounds stop at a near-tie (a deferred position): still the
     plain output, still in step."""
@@ -248,7 +242,7 @@ def test_near_ties_keep_the_heads_in_step(target, fresh, plain):
 def test_hybrid_chooses_among_ngram_and_the_heads(target, plain):
     """The default mode with heads and no draft model: the n-gram lookup and the heads, chosen
     by the controller; exact either way."""
-    s = Settings("hybrid", draft_max=K, tie_margin=NO_TIES)
+    s = Settings("hybrid", draft_max=K)
     for prompt in PROMPTS:
         out, stats = run(target, s, target.tokenize(prompt))
         assert out == plain[prompt]
@@ -275,7 +269,7 @@ def test_chat_turns_keep_the_heads_in_step(target, fresh):
             prompt = e.tokens + user
         return out
 
-    assert turns(Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=NO_TIES), True) == turns(Settings("none"), False)
+    assert turns(Settings("mtp", draft_max=K, p_split=0.0, fixed=True), True) == turns(Settings("none"), False)
 
 
 def test_sampling_keeps_the_targets_distribution(target):
@@ -305,7 +299,7 @@ def test_sampling_keeps_the_targets_distribution(target):
 
 
 def test_tokens_by_source_reach_stats_and_metrics(target):
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=NO_TIES)
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
     _, stats = run(target, s, target.tokenize(PROMPTS[1]), n=32)
     rounds, drafted, accepted = stats.by_source["mtp"]
     assert rounds and drafted >= accepted >= 0

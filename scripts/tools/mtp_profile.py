@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     a = ap.parse_args()
     path = build_mtp(Path(tempfile.mkdtemp()))["mtp"]
-    opts = LoadOptions(n_ctx=1024, n_threads=a.threads, n_batch=64, n_gpu_layers=a.gpu_layers, load_mtp=True, n_rs_seq=a.k + 1)
+    opts = LoadOptions(n_ctx=1024, n_threads=a.threads, n_batch=64, n_gpu_layers=a.gpu_layers, load_mtp=True, rollback_depth=a.k + 1)
     out: dict = {"threads": a.threads, "gpu_layers": a.gpu_layers, "k": a.k, "tokens_per_prompt": a.n}
     for mode in ("none", "mtp"):  # plain decoding without the heads loaded, then the heads drafting
         target = Model(path, dataclasses.replace(opts, load_mtp=mode == "mtp"))
