@@ -144,9 +144,10 @@ class ModelDrafter:
 
 
 class MtpDrafter:
-    """Drafts from the target's own MTP heads (``backend.MtpHeads``): nothing to load, and their
-    cache is kept in step with the target's by the backend itself (every target decode feeds
-    them, every rollback rolls them back), so there is never anything to catch up here.
+    """Drafts from the target's own MTP heads (``backend.MtpHeads``): nothing to load, and the
+    backend keeps their cache in step with the target's (every target decode queues its tokens
+    and states for them, the first draft step feeds the queue, every rollback rolls them back
+    too), so there is nothing to catch up or roll back here.
 
     Each guess comes from one head step: the first from the target's pending token and its
     last hidden state, each next one from the previous guess and the head's own state. As the
