@@ -28,8 +28,10 @@ from specrun.errors import EXIT_USAGE
 from specrun.heads import heads_of
 from specrun.memory import estimate
 from specrun.modelinfo import model_info
+from specrun.registry import Registry
 from specrun.sampling import Sampler
 from specrun.server.metrics import Metrics
+from specrun.session import resolve_pair, uses_heads
 
 SNAPSHOTS = 6  # recurrent-state snapshots on the target: a verify rolls back at most this many
 K = SNAPSHOTS  # drafts per round (a near-tie deferred at a verify's first row restores a checkpoint)
@@ -308,3 +310,22 @@ def test_tokens_by_source_reach_stats_and_metrics(target):
     m.observe(stats)
     text = m.text().decode()
     assert f'specrun_draft_tokens_total{{source="mtp"}} {float(drafted)}' in text
+
+
+def test_draft_mtp_with_a_draft_model_is_refused(mtp, tiny, capsys):
+    code, out, err = cli(["generate", "-m", str(mtp["mtp"]), "-d", str(tiny["target"]), "--draft", "mtp", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and out == "" and "\n" not in err.strip()
+    assert "drafts with the target's own heads alone" in err and "--draft hybrid" in err
+
+
+def test_hybrid_takes_the_heads_unless_a_draft_model_is_named(mtp, tiny):
+    """From the headers alone: the default mode drafts with the heads when no draft model is
+    named, with the named one otherwise; a file without heads falls back to the n-gram lookup."""
+    reg = Registry.load()
+    hybrid = Settings("hybrid")
+    t, d, s = resolve_pair(reg, str(mtp["mtp"]), None, hybrid)
+    assert d is None and s.draft == "hybrid" and uses_heads(t.path, s, None)
+    t, d, s = resolve_pair(reg, str(mtp["mtp"]), str(tiny["target"]), hybrid)
+    assert d is not None and d.path == tiny["target"] and not uses_heads(t.path, s, d.path)
+    t, d, s = resolve_pair(reg, str(mtp["mtp-stripped"]), None, hybrid)
+    assert d is None and s.draft == "ngram" and not uses_heads(t.path, s, None)
