@@ -11,6 +11,12 @@
 # report), the engine's exactness and rollback tests pass with every layer on the GPU, and
 # `specrun bench` on generated models prints the GPU's verify-cost curve and draft cost,
 # where c(b) should be nearly flat, so the controller should choose long drafts.
+# MTP steps (the target's own heads, on a generated tiny qwen35 with one head: nothing to
+# download): tests/test_mtp.py with every layer and the MTP context on the GPU, one
+# `generate --draft mtp` (its by_source counts `mtp`), and scripts/tools/mtp_profile.py, where
+# a round's time goes (verify, the heads' catch-up, draft steps) against plain decoding. The
+# published figures to beat are for real models (Qwen3.6-27B: 31 -> 41-53 tok/s on an RTX 3090);
+# on a 64-wide model the fixed cost per decode dominates, so read these as a working check.
 #
 # From the session:  run(command="bash scripts/device-check.sh", carry=[".gpu", ".whl"])
 set -euo pipefail
@@ -31,3 +37,8 @@ grep -h "offloaded" "$out/generate.err" || echo "no offload report"
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_pair.py 2>&1 | tail -3 | tee "$out/pytest.txt"
 printf '{"class":"chat","prompt":"Hello there, how are you today?","chat":true}\n{"class":"code-edit","prompt":"def fibonacci(n):\\n    if n < 2:\\n        return n\\n    return fibonacci(n - 1) + fibonacci(n - 2)\\n\\nRepeat the code above.","chat":true}\n' >/tmp/prompts.jsonl
 specrun bench -m "$t" -d "$d" --prompts /tmp/prompts.jsonl --runs 2 -n 64 -t 8 --markdown | tee "$out/bench.md"
+# MTP heads on the GPU
+python3 -m pytest -q -p no:cacheprovider tests/test_mtp.py 2>&1 | tail -3 | tee -a "$out/pytest.txt"
+python3 tests/tiny_mtp.py /tmp/models >/dev/null
+specrun generate -m /tmp/models/mtp.gguf --draft mtp -p "The quick brown fox" -n 64 -t 8 --json >"$out/mtp.json" 2>>"$out/generate.err" || true
+python3 scripts/tools/mtp_profile.py --threads 8 --gpu-layers -1 -k 4 2>>"$out/generate.err" | tee "$out/mtp-profile.json" || true

@@ -2,8 +2,16 @@
 
 Everything goes through llama.cpp's batch API: one ``llama_batch`` per model, allocated once
 with the capacity of ``n_batch`` and reused; per-row logits flags, so only the rows the engine
-asks for produce logits (never an n_ctx x n_vocab buffer); ``llama_memory_seq_rm`` to roll
-the KV cache back. :meth:`Model.rollback` is the one place positions move backwards.
+asks for produce logits (never an n_ctx x n_vocab buffer). :meth:`Model.rollback` is the one
+place positions move backwards, by the method the architecture allows (``rollback_method``):
+
+* ``trim``: an attention KV cache; ``llama_memory_seq_rm`` forgets the positions;
+* ``snapshots``: a recurrent or hybrid model whose architecture keeps state snapshots
+  (``n_rs_seq``): ``llama_memory_seq_rm`` restores one, once per decode, for up to that many of
+  the last decode's tokens, never all of them;
+* ``checkpoint``: a recurrent state without snapshots: :meth:`Model.checkpoint` copies the
+  sequence's state before decodes that may be undone; a rollback restores it and replays the
+  tokens kept (one decode, no logits).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
+from llama_cpp import llama_cpp_ext as ll_ext
 
 from . import rpc
 from .errors import BackendError, SpecrunError, UsageError, WorkerUnreachable
@@ -326,6 +335,10 @@ class LoadOptions:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] | None = None
     verbose: bool = False
+    load_mtp: bool = False  # also load the built-in MTP heads' tensors (see MtpHeads)
+    # recurrent-state snapshots to ask for on an architecture that keeps them: the most draft
+    # tokens one rollback may undo (the engine's adaptive draft cap, DRAFT_MAX_ADAPTIVE)
+    rollback_depth: int = 32
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -338,6 +351,34 @@ class Offload:
     reported: bool  # False: the build never printed the line (a CPU-only build)
 
 
+ROLLBACK_METHODS = ("trim", "snapshots", "checkpoint")
+# a snapshot model also keeps a checkpoint this many positions back at most, for the one
+# rollback snapshots cannot do (a whole decode, as when a near-tie defers the pending token)
+ANCHOR_EVERY = 64
+CHECKPOINTS_KEPT = 2
+
+
+@dataclass
+class RollbackStats:
+    """How one model's rollbacks went (counts since load)."""
+
+    trims: int = 0  # attention caches: positions forgotten
+    snapshots: int = 0  # rollbacks through a state snapshot
+    restores: int = 0  # rollbacks through a checkpoint, then a replay
+    full_replays: int = 0  # no checkpoint at or before the position: the sequence replayed from 0
+    replayed: int = 0  # tokens replayed after restores and full replays
+    checkpoints: int = 0  # states saved
+    checkpoint_bytes: int = 0  # the size of the last one
+    seconds: float = 0.0  # in rollback() and checkpoint() together
+
+
+@dataclass
+class _Checkpoint:
+    n_past: int  # the sequence's length when the state was saved
+    size: int  # bytes of ``data`` in use
+    data: ctypes.Array  # the sequence's recurrent state, as llama_state_seq_get_data_ext wrote it
+
+
 class Model:
     """A loaded GGUF model with one context and one sequence."""
 
@@ -348,11 +389,13 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
+        self.heads: MtpHeads | None = None  # the built-in MTP heads, once attached: they follow every decode and rollback
         log.mark()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = 10_000 if opts.n_gpu_layers < 0 else opts.n_gpu_layers
         use_mmap = opts.mmap if opts.mmap is not None else (opts.n_gpu_layers != 0 and opts.devices != () and supports_gpu_offload())
         mp.load_mode = ll.LLAMA_LOAD_MODE_MMAP if use_mmap else ll.LLAMA_LOAD_MODE_NONE
+        mp.load_mtp = opts.load_mtp
         self._placement(mp, opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
@@ -362,7 +405,10 @@ class Model:
         cp = ll.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = opts.n_batch
-        cp.n_ubatch = opts.n_batch
+        cp.n_ubatch = opts.n_batch  # a verify is one ubatch: snapshots cover the last ubatch only
+        self.recurrent = bool(ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model))
+        if self.recurrent:  # llama.cpp grants none where the architecture has no snapshots
+            cp.n_rs_seq = max(0, min(opts.rollback_depth, opts.n_batch - 2))  # its split needs n_ubatch > n_rs_seq + 1
         cp.n_threads = opts.n_threads
         cp.n_threads_batch = opts.n_threads
         cp.n_outputs_max = opts.n_outputs_max
@@ -379,8 +425,14 @@ class Model:
         # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
         self.n_batch = max(1, min(opts.n_batch, int(ll.llama_n_batch(self._ctx))))
         self._mem = ll.llama_get_memory(self._ctx)
+        self.snapshots = int(ll.llama_n_rs_seq(self._ctx)) if self.recurrent else 0
+        self.rollback_method = "trim" if not self.recurrent else "snapshots" if self.snapshots else "checkpoint"
+        self.rollback_stats = RollbackStats()
+        self._undoable = 0  # snapshot models: how many of the cache's last tokens a snapshot can undo
+        self._checkpoints: list[_Checkpoint] = []  # oldest first
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model))  # MTP heads in the file (loaded only with load_mtp)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         _batches_live[0] += 1
         self.decode_s = 0.0  # seconds spent inside llama_decode, for overhead profiling
@@ -508,25 +560,125 @@ class Model:
             ll.llama_memory_seq_rm(self._mem, 0, pos0, -1)
             raise BackendError(f"llama_decode failed with code {rc} at position {pos0}", "lower {n_ctx}")
         self.tokens.extend(tokens)
+        # a decode of n tokens leaves snapshots of the states after its last n - 1 tokens but one
+        self._undoable = min(self.snapshots, n - 1)
+        if self.heads is not None:  # the heads see every batch the target decodes, with its hidden states
+            self.heads.process(tokens, pos0)
+
+    # --- rollback -----------------------------------------------------------------------
+
+    @property
+    def draft_limit(self) -> int | None:
+        """The most draft tokens one verify may carry so that a rollback stays cheap: the
+        snapshots granted, on a snapshot model; no limit otherwise."""
+        return self.snapshots if self.rollback_method == "snapshots" else None
+
+    def checkpoint(self, full: bool = False) -> None:
+        """Before decodes that may be undone, make a rollback to any position from here on
+        possible. Free on an attention cache. On a snapshot model, free for one decode of which
+        the first token stays (a verify's pending token), bar an anchor every ANCHOR_EVERY
+        positions; ``full`` (several decodes follow, or the whole decode may go) saves a copy of
+        the state there too. Without snapshots, always a copy of the recurrent state. The last
+        CHECKPOINTS_KEPT copies are kept: a rollback to just before the latest (a near-tie
+        deferring the pending token) restores the one before and replays a round's tokens."""
+        if self.rollback_method == "trim":
+            return
+        kept = self._checkpoints
+        latest = kept[-1].n_past if kept else None
+        if latest == self.n_past:
+            return  # the saved state is this position's already
+        if self.rollback_method == "snapshots" and not full and latest is not None and self.n_past - latest < ANCHOR_EVERY:
+            return
+        t0 = time.perf_counter()
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(ll.llama_state_seq_get_size_ext(self._ctx, 0, flags))
+        old = kept.pop(0) if len(kept) == CHECKPOINTS_KEPT else None
+        buf = old.data if old is not None and len(old.data) >= size else (ctypes.c_uint8 * size)()
+        got = int(ll.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags))
+        if got == 0:
+            raise BackendError(f"cannot save the recurrent state of {self.path.name}", "use {draft} none")
+        kept.append(_Checkpoint(self.n_past, got, buf))
+        st = self.rollback_stats
+        st.checkpoints += 1
+        st.checkpoint_bytes = got
+        st.seconds += time.perf_counter() - t0
 
     def rollback(self, n_past: int) -> None:
-        """Forget every position >= n_past. The one place positions move backwards."""
+        """Forget every position >= n_past. The one place positions move backwards (the
+        attached MTP heads, if any, move with it)."""
         if n_past >= self.n_past:
             return
-        if not ll.llama_memory_seq_rm(self._mem, 0, n_past, -1):
-            raise BackendError(
-                f"{self.path.name} cannot roll back its cache (a recurrent or hybrid model)",
-                "speculation needs a transformer target and draft; use {draft} none",
-            )
-        del self.tokens[n_past:]
+        heads = self.heads
+        if heads is not None:
+            heads.rollback(n_past)  # first: a replay below must not queue what the heads hold
+        self._rollback(n_past)
+        if heads is not None and n_past > 0 and not heads.has_state_before(n_past):
+            # the heads pair the next token with the target's hidden state at n_past - 1, which
+            # only a decode returns: decode that token again (the heads keep their entry for it)
+            redo = self.tokens[n_past - 1]
+            self._rollback(n_past - 1)
+            self._decode([redo], "none")
+
+    def _rollback(self, n_past: int) -> None:
+        """The target's own rollback, by the architecture's method."""
+        t0 = time.perf_counter()
+        st = self.rollback_stats
+        drop = self.n_past - n_past
+        # states past the new end are of tokens that will differ
+        self._checkpoints = [c for c in self._checkpoints if c.n_past <= n_past]
+        if self.rollback_method == "trim" or (self.rollback_method == "snapshots" and drop <= self._undoable):
+            ok = ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
+            if ok or self.rollback_method == "trim":
+                if not ok:
+                    raise BackendError(f"llama.cpp refused to roll {self.path.name}'s cache back to {n_past}", "use {draft} none")
+                del self.tokens[n_past:]
+                self._undoable = 0  # a snapshot serves once: the next decode consumes it
+                if self.rollback_method == "trim":
+                    st.trims += 1
+                else:
+                    st.snapshots += 1
+                st.seconds += time.perf_counter() - t0
+                return
+        self._restore(n_past)
+        st.seconds += time.perf_counter() - t0
+
+    def _restore(self, n_past: int) -> None:
+        """Put the state back at the latest checkpoint at or before ``n_past`` (else empty it)
+        and replay the tokens from there to ``n_past``."""
+        st = self.rollback_stats
+        keep = self.tokens[:n_past]
+        if self._checkpoints:  # rollback() kept only those at or before n_past
+            ck = self._checkpoints[-1]
+            flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+            if int(ll.llama_state_seq_set_data_ext(self._ctx, ck.data, ck.size, 0, flags)) == 0:
+                raise BackendError(f"cannot restore the recurrent state of {self.path.name}", "use {draft} none")
+            ll.llama_memory_seq_rm(self._mem, 0, ck.n_past, -1)  # the attention part keeps what the state saw
+            start = ck.n_past
+            st.restores += 1
+        else:
+            ll.llama_memory_clear(self._mem, True)
+            start = 0
+            st.full_replays += 1
+        self.tokens = keep[:start]
+        self._undoable = 0
+        if n_past > start:
+            self.eval(keep[start:], logits="none")
+            st.replayed += n_past - start
 
     def reset(self) -> None:
         ll.llama_memory_clear(self._mem, True)
         self.tokens = []
+        self._checkpoints = []
+        self._undoable = 0
+        if self.heads is not None:
+            self.heads.reset()
 
     # --- lifetime ---------------------------------------------------------------------
 
     def close(self) -> None:
+        if self.heads is not None:  # its context refers to this one and to the model: it goes first
+            self.heads.close()
+            self.heads = None
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
@@ -549,3 +701,213 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+class MtpHeads:
+    """A target's built-in MTP heads, run in llama.cpp's MTP context beside the target's.
+
+    llama.cpp's MTP graph (``LLAMA_CONTEXT_TYPE_MTP``, a second context on the same model, its
+    own KV cache holding only the head blocks) reads, for the token at position p, the
+    target's hidden state at p - 1 (its post-norm output, ``embeddings_nextn``), and predicts
+    the token at p + 1. So:
+
+    * **in step**: the heads account for every position the target's cache holds (``n_past``
+      equal). After each target decode the target calls :meth:`process`: each of its tokens,
+      paired with the state before it (the first with the state the previous batch left, the
+      others with this batch's rows), is queued for the heads' cache;
+    * **catching up lazily**: the queue is fed with the next draft step, in the same
+      ``llama_process`` (or on its own once it fills a batch). A verify's rejected tokens are
+      rolled back before that, so they are never fed at all: one MTP decode per drafting
+      round instead of llama.cpp's two (a catch-up, then the first draft step);
+    * **drafting** (:meth:`draft_step`): the target's pending token at position ``n_past``
+      with its last state gives the first guess; each guess, fed back with the head's own
+      state, gives the next. :meth:`end_draft` forgets those positions again;
+    * **rollback** follows the target's (``Model.rollback``): the same prefix, queued or fed,
+      and the state before it (the last accepted row of the verify batch).
+
+    Several heads chained (step35, mimo2, hy-v3: one per draft position, llama.cpp's chain
+    mode) are not run as a chain here: the first head drafts alone, and a draft goes no
+    further than the heads are many (``max_draft``).
+    """
+
+    def __init__(self, target: Model):
+        if target.n_nextn <= 0:
+            raise UsageError(f"{target.path.name} has no MTP heads", "use another {draft}", "draft")
+        if not target.opts.load_mtp:  # pragma: no cover - a programming error
+            raise ValueError("load the target with LoadOptions(load_mtp=True) first")
+        log = _ensure_init()
+        log.mark()
+        self.target = target
+        self.n_heads = target.n_nextn
+        self.n_ctx = target.n_ctx
+        self.max_draft = self.n_heads if self.n_heads > 1 else None
+        self.n_embd = int(ll.llama_model_n_embd_out(target._model))
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = target.n_batch
+        cp.n_ubatch = target.n_batch
+        cp.n_threads = target.opts.n_threads
+        cp.n_threads_batch = target.opts.n_threads
+        cp.n_outputs_max = 1  # a draft step reads one row; catching up reads none
+        cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cp.ctx_other = target._ctx
+        cp.n_rs_seq = 0
+        cp.no_perf = True
+        self._ctx = ll.llama_init_from_model(target._model, cp)
+        if not self._ctx:
+            why = "; ".join(log.errors) or "out of memory?"
+            raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {draft}")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_ext_init(self._ctx)
+        self.n_batch = max(1, int(ll.llama_n_batch(self._ctx)))
+        self._pos = (ll.llama_pos * 4)()  # one position per text token (the rest unused)
+        ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
+        ll_ext.llama_set_embeddings_nextn(self._ctx, True, True)  # and for the heads' output rows
+        self.process_s = 0.0  # seconds spent queueing and feeding the target's batches
+        self.fed = 0  # tokens fed to the heads' cache
+        self.draft_s = 0.0  # seconds spent in draft steps (a first step's catch-up included)
+        self.decodes = 0  # llama_process calls on the heads' context
+        self.reset()
+        if target.n_past:  # attached after the target decoded something: start over with it
+            tokens = list(target.tokens)
+            target.reset()
+            target.heads = self
+            target.eval(tokens, logits="none")
+        target.heads = self
+
+    # --- the target's states and the queue ------------------------------------------------
+
+    def has_state_before(self, pos: int) -> bool:
+        """Is the target's hidden state at ``pos - 1`` at hand?"""
+        return self._lo <= pos - 1 < self._lo + len(self._states)
+
+    def state_before(self, pos: int) -> np.ndarray:
+        return self._states[pos - 1 - self._lo]
+
+    @property
+    def cached(self) -> int:
+        """Positions in the heads' KV cache (llama.cpp's own count): ``n_past`` less the queue."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def process(self, tokens: list[int], pos0: int) -> None:
+        """The target just decoded ``tokens`` at ``pos0``...: keep its states, and queue every
+        position the heads lack, each token with the state before it."""
+        t0 = time.perf_counter()
+        n = len(tokens)
+        rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
+        before = self.state_before(pos0) if self.has_state_before(pos0) else None
+        if pos0 > self.n_past or (before is None and self.n_past <= pos0):  # pragma: no cover - Model keeps them in step
+            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {draft}")
+        self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_embd), np.float32), rows])
+        self._lo = pos0 - (before is not None)
+        # a batch re-decoding positions the heads hold keeps their entries
+        for p in range(max(self.n_past, pos0), pos0 + n):
+            self._queue.append((tokens[p - pos0], p, self.state_before(p)))
+        self.n_past = pos0 + n
+        if len(self._queue) >= self.n_batch:  # keep room in a batch for the queue and a draft token
+            self._feed(self.n_batch - 1)
+        self.process_s += time.perf_counter() - t0
+
+    def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> int:
+        b = self._batch
+        idx = ll.llama_batch_ext_add_token(b, 0, token)
+        if idx < 0:  # pragma: no cover - callers stay within n_batch
+            raise BackendError(f"the MTP batch refused token {token} (code {idx})")
+        self._pos[0] = pos
+        ll.llama_batch_ext_set_pos(b, idx, self._pos)
+        row = np.ascontiguousarray(h, dtype=np.float32)
+        embd = ll.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        if not ll.llama_batch_ext_set_embd_token(b, idx, embd):  # copies the row
+            raise BackendError("the MTP batch refused a hidden state (its width differs from the model's)")
+        if output:
+            ll.llama_batch_ext_set_output_logits(b, idx, True)
+        return idx
+
+    def _add_queue(self, limit: int) -> int:
+        """Put up to ``limit`` queued entries into the batch, oldest first; how many."""
+        take = self._queue[:limit]
+        for token, pos, h in take:
+            self._add(token, pos, h, False)
+        del self._queue[: len(take)]
+        self.fed += len(take)
+        return len(take)
+
+    def _run(self, what: str) -> None:
+        self.decodes += 1
+        rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
+        ll.llama_batch_ext_clear(self._batch)
+        if rc != 0:
+            raise BackendError(f"the MTP heads failed to {what} (llama_process code {rc})", "use another {draft}")
+
+    def _feed(self, keep: int = 0) -> None:
+        """Feed the queue to the heads' cache, leaving at most ``keep`` entries queued."""
+        while len(self._queue) > keep:
+            self._add_queue(min(self.n_batch, len(self._queue) - keep))
+            self._run("catch up")
+
+    # --- drafting -------------------------------------------------------------------
+
+    def draft_step(self, token: int) -> np.ndarray:
+        """Feed ``token`` at the next draft position (the first: the target's pending token at
+        ``n_past``, with the target's last state, behind whatever is queued; then each guess
+        with the head's own state); the heads' logits for the position after it (a view,
+        valid until the next step)."""
+        t0 = time.perf_counter()
+        if self._draft_pos is None:
+            self._feed(self.n_batch - 1)
+            self._add_queue(self.n_batch - 1)
+            pos, h = self.n_past, self.state_before(self.n_past)
+        else:
+            assert self._draft_h is not None
+            pos, h = self._draft_pos, self._draft_h
+        idx = self._add(token, pos, h, True)
+        self._run("draft")
+        self._draft_pos = pos + 1
+        self._draft_h = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn_ith(self._ctx, idx), shape=(self.n_embd,)).copy()
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.target.n_vocab,))
+        self.draft_s += time.perf_counter() - t0
+        return logits
+
+    def end_draft(self) -> None:
+        """Forget the positions the draft steps wrote (the target's verify decode writes them again)."""
+        if self._draft_pos is not None:
+            ll.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        self._draft_pos, self._draft_h = None, None
+
+    # --- following the target -------------------------------------------------------
+
+    def rollback(self, n_past: int) -> None:
+        """Keep the first ``n_past`` positions, queued or fed (the MTP cache is plain
+        attention: any prefix)."""
+        self.end_draft()
+        if n_past <= 0:
+            self.reset()
+            return
+        if n_past < self.n_past:
+            self._queue = [e for e in self._queue if e[1] < n_past]
+            ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
+            self.n_past = n_past
+
+    def reset(self) -> None:
+        self._draft_pos: int | None = None  # the next draft position while drafting
+        self._draft_h: np.ndarray | None = None
+        ll.llama_memory_clear(self._mem, True)
+        self.n_past = 0  # positions accounted for: in the heads' cache, or queued for it
+        self._queue: list[tuple[int, int, np.ndarray]] = []  # (token, position, state before it), oldest first
+        # the target's states for positions [_lo, _lo + len(_states)): its last batch and the one before
+        self._states = np.zeros((1, self.n_embd), np.float32)
+        self._lo = -1  # the state "before position 0" is zeros, as in llama.cpp
+
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self.target.heads is self:
+            self.target.heads = None

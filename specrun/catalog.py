@@ -28,6 +28,7 @@ from typing import Any
 from .compat import VOCAB_CHECK_START_ID, first_token_differences
 from .errors import InputError, SpecrunError
 from .gguf_header import read_header
+from .heads import MTP_ARCHS, Heads, heads_of
 from .modelinfo import ModelInfo, kv_bytes_per_token, model_info
 from .registry import Registry
 from .stores import Found, ScanLimits, StoreRoots, scan_stores, split_parts
@@ -63,6 +64,20 @@ class Summary:
     add_eos: bool | None
     texts_hash: str
     fingerprint: str
+    mtp_heads: int = 0  # built-in MTP heads (heads.py), their weights and KV bytes per position
+    mtp_bytes: int = 0
+    mtp_kv_per_token: int = 0
+
+    @property
+    def heads(self) -> Heads:
+        return Heads(
+            self.architecture,
+            self.mtp_heads,
+            self.n_layer - self.mtp_heads,
+            self.mtp_bytes,
+            self.mtp_kv_per_token,
+            self.architecture in MTP_ARCHS,
+        )
 
     def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
         return kv_bytes_per_token(self.kv_elems_per_token, cache_type) * n_ctx
@@ -94,6 +109,7 @@ def summarize(m: ModelInfo, size: int | None = None) -> Summary:
         h = read_header(part)
         weights += sum(t.nbytes for t in h.tensors)
         params += sum(t.n_elements for t in h.tensors)
+    heads = heads_of(m)
     texts = hashlib.sha256(_token_bytes(m.tokens, min(VOCAB_CHECK_START_ID, n), n)).hexdigest()
     fp = hashlib.sha256()
     facts = [m.tokenizer_model, n, m.bos_id, m.eos_id, m.eot_id, m.pad_id, m.add_bos, m.add_eos]
@@ -124,6 +140,9 @@ def summarize(m: ModelInfo, size: int | None = None) -> Summary:
         add_eos=None if m.add_eos is None else bool(m.add_eos),
         texts_hash=texts,
         fingerprint=fp.hexdigest(),
+        mtp_heads=heads.count,
+        mtp_bytes=heads.weights_bytes,
+        mtp_kv_per_token=heads.kv_bytes_per_token,
     )
 
 
@@ -256,6 +275,7 @@ class Known:
             "n_vocab": s.n_vocab if s else None,
             "tokenizer": s.tokenizer_model if s else None,
             "fingerprint": s.fingerprint[:16] if s else None,
+            "mtp_heads": s.mtp_heads if s else None,
             "error": self.error,
         }
 

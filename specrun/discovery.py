@@ -6,8 +6,10 @@ token-text hashes settle the text rule without opening either file, so only near
 (same tokenizer, close vocabulary sizes, different texts) have their headers read, to name
 the first differing id as check-pair does.
 
-Ranking, most useful first: the target's own architecture (same family, trained alike, so
-higher acceptance), then the smallest (drafting cost is roughly proportional to size).
+Ranking, most useful first: the target's own MTP heads when it carries them (trained with it,
+free to store and nearly free to run: see ``heads.py``), then the target's own architecture
+(same family, trained alike, so higher acceptance), then the smallest (drafting cost is roughly
+proportional to size).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from .catalog import Catalog, Known, Summary, SummaryCache, build_catalog
 from .compat import Compatibility, check_vocab
+from .heads import Heads
 from .memory import ModelMemory, estimate_local
 from .registry import Registry
 
@@ -62,6 +65,16 @@ class DraftReport:
     seconds: float = 0.0  # catalog and checks together
     headers_read: int = 0  # files whose header was parsed (the rest came from the cache)
 
+    @property
+    def heads(self) -> Heads:
+        """The target's own MTP heads (``count`` 0: none)."""
+        return self.target.heads
+
+    @property
+    def any(self) -> bool:
+        """Is there anything to draft with: the target's heads or a draft file?"""
+        return self.heads.usable or bool(self.drafts)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "target": {
@@ -72,6 +85,7 @@ class DraftReport:
                 "weights_bytes": self.target.weights_bytes,
                 "memory_bytes": self.target_memory.total if self.target_memory else None,
             },
+            "mtp_heads": {**self.heads.to_json(), "memory_bytes": self.heads.memory(self.n_ctx), "best": self.heads.usable},
             "n_ctx": self.n_ctx,
             "drafts": [c.to_json() for c in self.drafts],
             "cannot_draft": [c.to_json() for c in self.cannot],

@@ -8,8 +8,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .architecture import short_label
 from .catalog import Catalog
 from .discovery import DraftReport
+from .heads import Heads, heads_of
 from .memory import Fit
 from .modelinfo import ModelInfo
 from .pair import PairReport
@@ -55,13 +57,14 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
         vocab.add_row(c.name, str(c.target), str(c.draft), mark, c.detail)
 
     mem = Table(title=f"Memory at -c {r.n_ctx}", title_justify="left")
-    for col in ("model", "weights", "KV cache", "compute", "total", "on devices", "in RAM"):
+    for col in ("model", "weights", "KV cache", "state", "compute", "total", "on devices", "in RAM"):
         mem.add_column(col, justify="right" if col != "model" else "left")
     for m in r.fit.models:
         mem.add_row(
             m.role,
             human_bytes(m.weights),
             human_bytes(m.kv_cache),
+            human_bytes(m.state) if m.state else "-",
             human_bytes(m.compute),
             human_bytes(m.total),
             human_bytes(m.on_devices),
@@ -69,9 +72,14 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
         )
     parts = [
         Text(f"target: {r.target.name} ({r.target.path.name})\ndraft:  {r.draft.name} ({r.draft.path.name})"),
+        Text(f"target: {r.target.arch.sentence()}\ndraft:  {r.draft.arch.sentence()}"),
         vocab,
         mem,
     ]
+    h = heads_of(r.target)
+    if h.count or h.stripped_note():
+        use = "counted in the target's memory; --draft mtp drafts with them alone, hybrid (the default) chooses" if h.usable else ""
+        parts.insert(1, heads_text(h, r.n_ctx, use))
     if r.placement is not None:
         parts.append(Text(f"Placement: {describe(r.placement)}"))
         parts += [Text(f"warning: {n}", style="yellow") for n in r.placement.notes]
@@ -101,6 +109,20 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
     if r.suggestions:
         parts.append(Text(f"drafts in your registry that match the target: {', '.join(r.suggestions)}"))
     return Group(*parts)
+
+
+def heads_text(h: Heads, n_ctx: int, use: str = "") -> Text:
+    """'built-in MTP: 1 head (blk.2: 1.2 MiB weights + 0.5 MiB KV at -c 4096)', and what to do."""
+    t = Text()
+    t.append(h.describe(), style="bold green" if h.usable else "yellow")
+    if h.count:
+        t.append(f" (blk.{h.first_block}: {human_bytes(h.weights_bytes)} weights + {human_bytes(h.kv_bytes(n_ctx))} KV at -c {n_ctx})")
+    if use:
+        t.append(f"; {use}")
+    note = h.stripped_note()
+    if note:
+        t.append(f"\nnote: {note}", style="yellow")
+    return t
 
 
 _KIND = {"gpu": "GPU", "rpc": "RPC", "cpu": "RAM"}
@@ -192,6 +214,20 @@ def inspect_table(m: ModelInfo) -> Table:
         rows.append((f"{k} token", "-" if v is None else f"{v['id']} {v['text']!r}"))
     rows.append(("chat template", "present" if m.chat_template else "absent"))
     rows.append(("KV cache per 1k context (f16)", human_bytes(m.kv_bytes(1024))))
+    rows.append(("memory and rollback", m.arch.sentence()))
+    if m.arch.kind != "attention":
+        state = "unknown" if m.arch.state_bytes is None else human_bytes(m.arch.state_bytes)
+        rows.append(("recurrent state (one sequence)", state))
+    h = heads_of(m)
+    if h.count:
+        rows.append(
+            (
+                "draft heads",
+                f"{h.describe()} (blk.{h.first_block}, {human_bytes(h.weights_bytes)} weights, {human_bytes(h.kv_bytes(1024))} KV per 1k context)",
+            )
+        )
+    elif h.stripped_note():
+        rows.append(("draft heads", f"none: {h.stripped_note()}"))
     for k, v in rows:
         t.add_row(k, v)
     return t
@@ -224,16 +260,17 @@ def scan_table(c: Catalog) -> Table:
     """`specrun models --scan`: one row per GGUF file, with every name that reaches it
     (the paths are in --json)."""
     t = Table(title="GGUF files in the registry and the model stores", title_justify="left")
-    for col in ("reference", "size", "arch", "quant", "vocab", "fingerprint"):
+    for col in ("reference", "size", "arch", "quant", "vocab", "heads", "fingerprint"):
         t.add_column(col, overflow="fold", justify="right" if col in ("size", "vocab") else "left")
     for k in c.models:
         s = k.summary
         refs = "\n".join(k.refs)
         if s is None:
-            t.add_row(refs, "-", Text("unreadable", style="red"), "-", "-", k.error or "")
+            t.add_row(refs, "-", Text("unreadable", style="red"), "-", "-", "-", k.error or "")
             continue
         parts = f" ({k.parts} parts)" if k.parts > 1 else ""
-        t.add_row(refs, human_bytes(s.size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", s.fingerprint[:12])
+        heads = f"MTP x{s.mtp_heads}" if s.mtp_heads else "-"  # built-in MTP heads
+        t.add_row(refs, human_bytes(s.size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", heads, s.fingerprint[:12])
     return t
 
 
@@ -241,10 +278,15 @@ def drafts_table(r: DraftReport) -> Group:
     """`specrun drafts`: the compatible drafts, ranked, and why every other file cannot draft."""
     t = r.target
     head = Text(
-        f"Drafts for {r.target_label}: {t.name} ({t.architecture}, {human_count(t.n_params)} params, "
+        f"Drafts for {r.target_label}: {t.name} ({short_label(t.architecture)}, {human_count(t.n_params)} params, "
         f"{human_bytes(t.weights_bytes)} weights, {t.n_vocab} tokens)"
     )
     parts: list = [head]
+    h = r.heads
+    if h.usable:
+        parts.append(heads_text(h, r.n_ctx, "its best free draft: --draft mtp (or the default, hybrid)"))
+    elif h.count or h.stripped_note():
+        parts.append(heads_text(h, r.n_ctx))
     if r.drafts:
         ok = Table(title=f"Can draft (most useful first; memory at -c {r.n_ctx})", title_justify="left")
         for col in ("#", "model", "arch", "quant", "weights", "vs target", "memory"):
@@ -254,7 +296,7 @@ def drafts_table(r: DraftReport) -> Group:
             ok.add_row(
                 str(i),
                 "\n".join(c.known.refs),
-                s.architecture,
+                short_label(s.architecture),
                 s.quant,
                 human_bytes(s.weights_bytes),
                 f"{c.size_ratio:.2f}x",
@@ -262,14 +304,14 @@ def drafts_table(r: DraftReport) -> Group:
             )
         parts.append(ok)
     else:
-        parts.append(Text("No known GGUF file can draft for it.", style="bold yellow"))
+        parts.append(Text("No known GGUF file can draft for it" + (" (its own heads can)." if h.usable else "."), style="bold yellow"))
     if r.cannot:
         no = Table(title="Cannot draft", title_justify="left")
         no.add_column("model", overflow="fold")
         no.add_column("arch")
         no.add_column("why", overflow="fold")
         for c in r.cannot:
-            no.add_row("\n".join(c.known.refs), c.summary.architecture, c.reason)
+            no.add_row("\n".join(c.known.refs), short_label(c.summary.architecture), c.reason)
         parts.append(no)
     for k in r.unreadable:
         parts.append(Text(f"unreadable: {', '.join(k.refs)}: {k.error}", style="red"))

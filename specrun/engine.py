@@ -26,13 +26,14 @@ from .errors import PromptTooLong, UsageError
 from .learned import Learned
 from .sampling import Sampler, accept_or_resample
 from .sources import ModelSource, Outcome, Source
+from .sources.model import Autoregressive
 from .sources.base import Rate
 from .stats import RoundStats, RunStats
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
-    from .backend import Model
+    from .backend import Model, MtpHeads
 
-DRAFT_MODES = ("model", "ngram", "hybrid", "none")
+DRAFT_MODES = ("model", "ngram", "mtp", "hybrid", "none")
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 
 
@@ -40,7 +41,7 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
-    draft: str = "hybrid"  # model | ngram | hybrid | none
+    draft: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
     draft_max: int | None = None  # None: DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
     draft_min: int = 1
     p_split: float = 0.6  # fixed mode: the draft model stops below this confidence (adaptive: its stop rule)
@@ -73,11 +74,12 @@ class Settings:
 
     @property
     def sources(self) -> list[str]:
-        return {"model": ["model"], "ngram": ["ngram"], "hybrid": ["ngram", "model"], "none": []}[self.draft]
+        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "hybrid": ["ngram", "mtp", "model"], "none": []}[self.draft]
 
-    def without_draft_model(self) -> Settings:
-        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone."""
-        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" else self
+    def without_draft_model(self, heads: bool = False) -> Settings:
+        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
+        or with the target's MTP heads when they are loaded (``heads``)."""
+        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" and not heads else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +138,7 @@ def speculative_round(
 
     # Step 2: the target scores the pending token plus all K drafts in ONE decode;
     # row i holds the target's distribution for the token after draft i-1
+    target.checkpoint()  # hybrid/recurrent targets: make this decode undoable (free on attention)
     logits = target.eval([tokens[-1], *draft.tokens], logits="all")
     assert logits is not None
     t2 = now()
@@ -206,25 +209,31 @@ class Engine:
         sampler: Sampler,
         cost: CostModel | None = None,
         learned: Learned | None = None,
+        heads: MtpHeads | None = None,
     ):
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
-        (its curve, unless ``cost`` is given, what each source learned, the near-tie rate)."""
-        if "model" in settings.sources and draft is None:
+        (its curve, unless ``cost`` is given, what each source learned, the near-tie rate);
+        ``heads``: the target's MTP heads, attached to it (a source of their own)."""
+        if settings.draft == "mtp" and heads is None:
+            raise UsageError("{draft} mtp needs the target's MTP heads loaded", "use another {draft}", "draft")
+        if settings.draft == "model" and draft is None:
             raise UsageError(
                 f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
             )
+        if target.draft_limit is not None and target.draft_limit < settings.k_max:  # a snapshot target undoes at most this many drafts
+            settings = dataclasses.replace(settings, draft_max=target.draft_limit, draft_min=min(settings.draft_min, target.draft_limit))
         self.target = target
         self.settings = settings
         self.sampler = sampler
         self.rng = sampler.rng()
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.sources: dict[str, Source] = draft_sources.build(
-            settings.sources, target=target, draft=draft, sampler=sampler, rng=self.rng, cost=self.cost,
-            k_max=settings.k_max, ngram=(settings.ngram_min, settings.ngram_max),
-        )  # fmt: skip
-        model = self.sources.get("model")
-        if isinstance(model, ModelSource) and settings.fixed:
-            model.p_split = settings.p_split
+            settings.sources,
+            draft_sources.Makings(target, draft, heads, sampler, self.rng, self.cost, settings.k_max, (settings.ngram_min, settings.ngram_max)),
+        )
+        for src in self.sources.values():
+            if isinstance(src, Autoregressive) and settings.fixed:
+                src.p_split = settings.p_split
         self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.k_max, fixed=settings.fixed)
         if learned is not None:
             for name, src in self.sources.items():
@@ -269,9 +278,9 @@ class Engine:
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream (a request's own seed, say); the draft model shares it."""
         self.rng = np.random.default_rng(seed)
-        model = self.sources.get("model")
-        if isinstance(model, ModelSource):
-            model.rng = self.rng
+        for src in self.sources.values():
+            if isinstance(src, Autoregressive):
+                src.rng = self.rng
 
     def reset(self) -> None:
         self.target.reset()
@@ -288,6 +297,7 @@ class Engine:
         room = self.target.n_ctx - base
 
         def measure(b: int) -> float:
+            self.target.checkpoint(full=True)  # hybrid/recurrent targets: the whole decode is undone
             t = now()
             self.target.eval([pad] * b, logits="all")
             dt = now() - t

@@ -85,6 +85,12 @@ class IncompatiblePair(SpecrunError):
     exit_code = EXIT_FAIL
 
 
+class UnsupportedArchitecture(SpecrunError):
+    """The installed llama.cpp cannot load a model of this architecture."""
+
+    exit_code = EXIT_FAIL
+
+
 class DoesNotFit(SpecrunError):
     """The models do not fit in the available memory."""
 

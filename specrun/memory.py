@@ -7,7 +7,10 @@ Per model, and per device it touches:
   (the output layer counts), and cuts them among its devices at the cumulative tensor split:
   :func:`layer_devices` does the same arithmetic, in float32 as llama.cpp does;
 * KV cache: ``n_ctx x n_head_kv x (head_dim_k + head_dim_v) x bytes(type)`` per layer, on the
-  layer's device (the formula llama.cpp sizes its cache with);
+  layer's device (the formula llama.cpp sizes its cache with); a hybrid's recurrent layers have
+  none, but hold the recurrent state instead, ``1 + n_rs_seq`` copies of it where the
+  architecture keeps snapshots, on the layer's device; the backend's checkpoints of that state
+  sit in RAM (see ``architecture``);
 * compute buffers: ``4 bytes x n_ubatch x (n_head x n_ctx + 4 n_embd + n_ff)`` for the
   activations and attention scores of one layer on every device that holds a layer, plus
   ``4 x n_ubatch x n_vocab`` for the logits on the output layer's device, and 64 MiB of runtime
@@ -30,6 +33,7 @@ from typing import Protocol
 import numpy as np
 import psutil
 
+from .architecture import ROLLBACK_DEPTH
 from .modelinfo import ModelInfo
 
 
@@ -152,6 +156,7 @@ class ModelMemory:
     kv_cache: int
     compute: int
     by_device: dict[str, int]  # bytes on each device; "CPU" is this machine's RAM
+    state: int = 0  # recurrent state: in the context (with its snapshots) plus the checkpoints in RAM
 
     @property
     def total(self) -> int:
@@ -229,12 +234,13 @@ def estimate(
     names = [HOST, *devices]
     where = _layer_device_index(m.n_layer, gpu_layers, devices, split)
     per_layer = np.asarray(lw.blocks, dtype=np.float64) + np.asarray(m.kv_bytes_per_layer(n_ctx, cache_type), dtype=np.float64)
+    per_layer[: m.n_layer] += _state_per_layer(m, m.n_layer)
     sums = np.bincount(where[:-1], weights=per_layer, minlength=len(names)) if m.n_layer else np.zeros(len(names))
     by: dict[str, int] = defaultdict(int)
     for i, name in enumerate(names):
         if sums[i]:
             by[name] += int(sums[i])
-    by[HOST] += lw.input + RUNTIME_OVERHEAD
+    by[HOST] += lw.input + RUNTIME_OVERHEAD + m.arch.checkpoint_total()
     out_dev = names[int(where[-1])]
     tied = lw.tied_head if out_dev != HOST else 0
     by[out_dev] += lw.output + tied
@@ -244,7 +250,19 @@ def estimate(
         by[dev] += act + (RUNTIME_OVERHEAD if dev != HOST else 0)
     by[out_dev] += logits
     compute = act * len(used) + logits + RUNTIME_OVERHEAD * len(used | {HOST})
-    return ModelMemory(role, m.weights_bytes + tied, sum(m.kv_bytes_per_layer(n_ctx, cache_type)), compute, dict(by))
+    state = m.arch.state_total(ROLLBACK_DEPTH) + m.arch.checkpoint_total()
+    return ModelMemory(role, m.weights_bytes + tied, sum(m.kv_bytes_per_layer(n_ctx, cache_type)), compute, dict(by), state)
+
+
+def _state_per_layer(m: ModelInfo, n_layer: int) -> np.ndarray:
+    """The recurrent state's bytes in the context (snapshots included), per layer."""
+    out = np.zeros(n_layer)
+    rec = m.arch.recurrent_layers
+    if rec is None or not sum(rec):
+        return out
+    flags = np.asarray(list(rec)[:n_layer] + [False] * max(0, n_layer - len(rec)), dtype=bool)
+    out[flags] = m.arch.state_total(ROLLBACK_DEPTH) / sum(rec)
+    return out
 
 
 def estimate_local(m: ModelShape, role: str, n_ctx: int, cache_type: str = "f16") -> ModelMemory:

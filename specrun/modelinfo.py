@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from .architecture import EVERY_LAYER, Architecture, describe
 from .errors import BadModelFile
 from .gguf_header import GGUFHeader, read_header
+from .heads import heads_of
 
 try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
     from gguf import LlamaFileType
@@ -63,6 +65,13 @@ class ModelInfo:
     add_eos: bool | None
     chat_template: str | None
     header: GGUFHeader
+    arch: Architecture  # attention only, hybrid or recurrent; how a rejected draft is undone
+    n_nextn: int = 0  # {arch}.nextn_predict_layers: built-in MTP heads, the last of the n_layer blocks (see heads.py)
+
+    @property
+    def state_bytes(self) -> int:
+        """One copy of the recurrent state of one sequence (0 for attention only)."""
+        return self.arch.state_bytes or 0
 
     @property
     def n_vocab(self) -> int:
@@ -148,6 +157,8 @@ class ModelInfo:
             },
             "chat_template": self.chat_template is not None,
             "kv_bytes_per_1k_ctx": self.kv_bytes(1024),
+            "mtp_heads": heads_of(self).to_json(),
+            "memory": self.arch.to_json(),
         }
 
 
@@ -198,6 +209,13 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
     else:
         n_head_kv = [_int(raw_kv) or n_head] * n_layer
     head_dim = n_embd // n_head if n_head else 0
+    arch_info = describe(h, n_layer)
+    if arch_info.recurrent_layers is not None and arch_info.kind == "hybrid" and arch not in EVERY_LAYER:
+        # only the attention layers of a hybrid have a KV cache (qwen35 writes one head count for all)
+        # the MTP blocks after them attend: their cache is the heads' context's (counted here
+        # with the target's, as loading the heads adds it; see heads.py)
+        recurrent = list(arch_info.recurrent_layers) + [False] * (n_layer - len(arch_info.recurrent_layers))
+        n_head_kv = [0 if r else kv for kv, r in zip(n_head_kv, recurrent)]
     tokens = h.get("tokenizer.ggml.tokens", [])
     ff = a("feed_forward_length", 0)
     return ModelInfo(
@@ -229,4 +247,6 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         add_eos=h.get("tokenizer.ggml.add_eos_token"),
         chat_template=h.get("tokenizer.chat_template"),
         header=h,
+        arch=arch_info,
+        n_nextn=_int(a("nextn_predict_layers")) or 0,
     )

@@ -74,6 +74,7 @@ def _verify_time(model: Model, pad: int, b: int, workers: tuple[str, ...], repea
     base = model.n_past
     best = float("inf")
     moved = None
+    model.checkpoint(full=True)  # hybrid/recurrent targets: each measured decode is undone
     for _ in range(repeats):
         before = rpc.traffic(workers) if workers else None
         t = time.perf_counter()

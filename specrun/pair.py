@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .architecture import require_loadable
 from .compat import Compatibility, check_vocab
 from .errors import SpecrunError
 from .memory import Dev, Fit, GpuQuery, local_devices
@@ -31,6 +32,7 @@ class PairReport:
             "target": {"path": str(self.target.path), "name": self.target.name},
             "draft": {"path": str(self.draft.path), "name": self.draft.name},
             "n_ctx": self.n_ctx,
+            "architectures": {"target": self.target.arch.to_json(), "draft": self.draft.arch.to_json()},
             "compatible": self.compat.compatible,
             "fits": self.fit.fits,
             "ok": self.ok,
@@ -54,10 +56,12 @@ def check_pair(
     context, layers, devices, split) over this machine's GPUs (NVML), ``remote`` RPC devices and
     RAM, and lay the memory out per device; when it does not fit, the settings that would.
     ``candidates`` (registry name -> path of files present) are searched for drafts that would
-    match on a mismatch."""
+    match on a mismatch. An architecture the installed llama.cpp cannot load is an error."""
     s = settings if settings is not None else PlacementSettings()
     t = target if isinstance(target, ModelInfo) else model_info(target)
     d = draft if isinstance(draft, ModelInfo) else model_info(draft)
+    for m in (t, d):
+        require_loadable(m.arch, m.path.name)
     compat = check_vocab(t, d)
     local, note = local_devices(gpu_query, available_ram)
     inv = list(remote or []) + local

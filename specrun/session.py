@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .architecture import require_loadable
 from .compat import check_vocab
 from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
 from .learned import CostStore
+from .heads import Heads, heads_of
 from .memory import Dev, host_device
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, check_settings, describe, fit, plan, proposals
@@ -27,7 +29,7 @@ from .sampling import Sampler
 from .template import ChatTemplate, render_chat
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from .backend import Device, Model
+    from .backend import Device, Model, MtpHeads
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
@@ -98,9 +100,25 @@ def require_file(r: Resolved) -> Resolved:
 
 
 def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: Settings) -> tuple[Resolved, Resolved | None, Settings]:
-    """The target and draft files for these names, and the settings as they apply: with no
-    draft model to fall back on, hybrid drafting is the n-gram lookup alone."""
+    """The target and draft files for these names, and the settings as they apply: hybrid
+    drafts with the target's own MTP heads when it has them and no draft model is named (they
+    are its best free draft), and is the n-gram lookup alone with neither at hand. ``{draft}
+    mtp`` on a target without heads is refused here, from its header, before anything loads."""
     target = require_file(reg.resolve(model))
+    heads = heads_of(model_info(target.path))
+    if settings.draft == "mtp":
+        if not heads.usable:
+            raise UsageError(
+                f"{{draft}} mtp needs built-in MTP heads, and {target.label} has {_no_heads(heads)}; "
+                f"its draft sources: {', '.join(_sources(reg, target))}",
+                "use {draft} ngram, or give a draft model ({draft_model}) with {draft} model",
+                "draft",
+            )
+        if draft_model:
+            raise UsageError("{draft} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {draft} hybrid", "draft")
+        return target, None, settings
+    if settings.draft == "hybrid" and heads.usable and not draft_model:
+        return target, None, settings  # the heads take the draft model's place
     draft = None
     if "model" in settings.sources:
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
@@ -116,6 +134,26 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     return target, draft, settings if draft is not None else settings.without_draft_model()
 
 
+def uses_heads(target: Path, settings: Settings, draft: Path | None) -> bool:
+    """Will these settings draft with the target's own MTP heads (so they must be loaded)?"""
+    return settings.draft == "mtp" or (settings.draft == "hybrid" and draft is None and heads_of(model_info(target)).usable)
+
+
+def _no_heads(h: Heads) -> str:
+    if h.count and not h.supported:
+        return f"{h.count} that llama.cpp cannot run ({h.architecture} has no MTP graph)"
+    stripped = "; the conversion or quant may have stripped them" if h.stripped_note() else ""
+    return f"none (nextn_predict_layers is 0{stripped})"
+
+
+def _sources(reg: Registry, target: Resolved) -> list[str]:
+    """The draft sources a target without usable heads does have, in words."""
+    out = ["ngram (prompt lookup)"]
+    d = reg.default_draft(target)
+    out.append(f"model (its registry draft {d.label})" if d is not None else "model (with a draft model you give)")
+    return out
+
+
 @dataclass
 class OpenPair:
     target: Model
@@ -124,6 +162,7 @@ class OpenPair:
     draft_info: ModelInfo | None
     notices: list[str] = field(default_factory=list)
     cost_key: str = ""
+    heads: MtpHeads | None = None  # the target's own MTP heads, loaded and attached to it
     labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
     placement: Placement | None = None
     workers: tuple[str, ...] = ()  # the RPC workers in use
@@ -162,14 +201,18 @@ def connect(cfg: PairConfig) -> list[Dev]:
     return inventory(backend.devices())
 
 
-def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> OpenPair:
+def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads: bool = False) -> OpenPair:
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
-    place both models, check the fit per device, then load both."""
+    place both models, check the fit per device, then load both; with ``heads``, the target's
+    MTP heads too (their weights and KV are in the target's estimate already)."""
     from . import backend
-    from .backend import LoadOptions, Model
+    from .backend import LoadOptions, Model, MtpHeads
 
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
+    for info in (t_info, d_info):
+        if info is not None:
+            require_loadable(info.arch, info.path.name)
     if d_info is not None:
         compat = check_vocab(t_info, d_info)
         if not compat.compatible:
@@ -192,7 +235,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     if placement.target.devices or (placement.draft is not None and placement.draft.devices):
         notices.append(f"placement: {describe(placement)}")
 
-    def load(path: Path, where, n_outputs_max: int) -> Model:
+    def load(path: Path, where, n_outputs_max: int, load_mtp: bool = False) -> Model:
         return Model(
             path,
             LoadOptions(
@@ -205,12 +248,16 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
                 main_gpu=where.main_gpu,
                 tensor_split=where.split if len(where.devices) > 1 else None,
                 verbose=cfg.verbose,
+                load_mtp=load_mtp,
             ),
         )
 
-    target = load(target_path, placement.target, 64)
+    target = load(target_path, placement.target, 64, load_mtp=heads)
     draft = None
+    mtp = None
     try:
+        if heads:
+            mtp = MtpHeads(target)
         if draft_path is not None and placement.draft is not None:
             draft = load(draft_path, placement.draft, 1)
     except BaseException:
@@ -219,7 +266,9 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
     for role, m in (("target", target), ("draft", draft)):
         if m is not None and m.offload.reported and m.offload.layers:
             notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded")
-    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc)
+    if mtp is not None:
+        notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads})")
+    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp)
     p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
 
@@ -269,7 +318,7 @@ def open_engine(
     ``on_notice`` hears, in one line each, that a calibration starts (it takes seconds) and
     that one was disturbed (its curve serves this run only)."""
     learned = store.load(pair.cost_key)
-    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned)
+    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads)
     if settings.sources and not settings.fixed and (recalibrate or not engine.cost.verify):
         if on_notice is not None:
             on_notice("measuring this machine's verify costs (stored for next time)...")

@@ -19,7 +19,7 @@ class RoundStats:
     sample_s: float
     checked: int = 0  # greedy: positions checked for a near-tie this round (see engine) ...
     ties: int = 0  # ... and of those, near-ties (at most one: a near-tie ends the round)
-    rollback_s: float = 0.0  # rolling the caches back after the verify
+    rollback_s: float = 0.0  # step 4: both caches forgetting the rejected drafts (a restore and replay on hybrid models)
 
 
 @dataclass

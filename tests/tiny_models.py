@@ -425,6 +425,32 @@ def with_extra_rows(weights: Weights, n: int, seed: int) -> Weights:
 # Writing
 
 
+def add_vocab(writer: GGUFWriter, vocab: Vocab) -> None:
+    """The tokenizer metadata of `vocab` (any architecture's writer takes the same keys)."""
+    writer.add_tokenizer_model(vocab.model)
+    if vocab.pre is not None:
+        writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(list(vocab.tokens))
+    writer.add_token_types(list(vocab.types))
+    if vocab.scores is not None:
+        writer.add_token_scores(list(vocab.scores))
+    if vocab.merges:
+        writer.add_token_merges(list(vocab.merges))
+    for token_id, add in (
+        (vocab.bos, writer.add_bos_token_id),
+        (vocab.eos, writer.add_eos_token_id),
+        (vocab.eot, writer.add_eot_token_id),
+        (vocab.pad, writer.add_pad_token_id),
+        (vocab.unk, writer.add_unk_token_id),
+    ):
+        if token_id is not None:
+            add(token_id)
+    writer.add_add_bos_token(vocab.add_bos)
+    writer.add_add_eos_token(False)
+    if vocab.chat_template is not None:
+        writer.add_chat_template(vocab.chat_template)
+
+
 def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights, name: str = "tiny", split_max_tensors: int = 0) -> Path:
     """Write one GGUF file; rewrites `path` only if its bytes would change. With
     `split_max_tensors`, write a split model instead, as llama.cpp's gguf-split does:
@@ -453,28 +479,7 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
 
-    writer.add_tokenizer_model(vocab.model)
-    if vocab.pre is not None:
-        writer.add_tokenizer_pre(vocab.pre)
-    writer.add_token_list(list(vocab.tokens))
-    writer.add_token_types(list(vocab.types))
-    if vocab.scores is not None:
-        writer.add_token_scores(list(vocab.scores))
-    if vocab.merges:
-        writer.add_token_merges(list(vocab.merges))
-    for token_id, add in (
-        (vocab.bos, writer.add_bos_token_id),
-        (vocab.eos, writer.add_eos_token_id),
-        (vocab.eot, writer.add_eot_token_id),
-        (vocab.pad, writer.add_pad_token_id),
-        (vocab.unk, writer.add_unk_token_id),
-    ):
-        if token_id is not None:
-            add(token_id)
-    writer.add_add_bos_token(vocab.add_bos)
-    writer.add_add_eos_token(False)
-    if vocab.chat_template is not None:
-        writer.add_chat_template(vocab.chat_template)
+    add_vocab(writer, vocab)
 
     for tensor_name, w in weights.items():
         writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float32))

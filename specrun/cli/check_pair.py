@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
         When they do not fit, it prints the exact flags that would.
 
         Without -d, list the known GGUF files that can draft for the target instead, ranked,
-        and why the others cannot (exit 1 if none can).
+        and why the others cannot (exit 1 if none can); a target with built-in MTP heads lists
+        them first, as its best free draft.
 
         Exit codes: 0 compatible and fits; 1 incompatible or does not fit; 2 usage error;
         3 an input cannot be read.
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
                 print_json(found.to_json())
             else:
                 stdout().print(drafts_table(found))
-            return 0 if found.drafts else EXIT_FAIL
+            return 0 if found.any else EXIT_FAIL
         d = require_file(reg.resolve(draft))
         candidates = {e.name: e.path for e in reg.entries.values()}
         cfg = opts.pair

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ..errors import EXIT_SIGINT, EXIT_SIGTERM, render
 from ..registry import Registry
-from ..session import OpenPair, open_pair, require_file, resolve_pair
+from ..session import OpenPair, open_pair, require_file, resolve_pair, uses_heads
 from .options import Options, flag_name
 
 __all__ = [
@@ -68,8 +68,10 @@ def print_json(obj) -> None:
 def load_pair(opts: Options, err: Console, settings=None) -> OpenPair:
     """Resolve the names, check and load the pair, and show its notices. ``settings``: the
     drafting settings to resolve for (default: the command's own)."""
-    target, draft, _ = resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, settings or opts.settings)
-    pair = open_pair(target.path, draft.path if draft else None, opts.pair)
+    target, draft, resolved = resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, settings or opts.settings)
+    pair = open_pair(
+        target.path, draft.path if draft else None, opts.pair, uses_heads(target.path, resolved, draft.path if draft else None)
+    )
     pair.labels = (target.label, draft.label if draft else None)
     for n in pair.notices:
         err.print(f"specrun: {render(n, flag_name)}", style="dim")

@@ -26,7 +26,10 @@ def register(app: typer.Typer) -> None:
         the size ratio and estimated memory. Every other file is listed with the reason it
         cannot draft. Reads headers only; a fingerprint cache keeps repeat runs fast.
 
-        Exit codes: 0 at least one draft found; 1 none; 3 the target cannot be read.
+        A target that carries its own MTP heads lists them first: they are its best free draft
+        (`--draft mtp`).
+
+        Exit codes: 0 at least one draft found (the heads count); 1 none; 3 the target cannot be read.
         """
         if ctx < 1:
             raise UsageError(f"-c/--ctx must be >= 1, got {ctx}", "pass a positive context length")
@@ -41,4 +44,4 @@ def register(app: typer.Typer) -> None:
             stderr().print(
                 f"checked {n} files in {report.seconds:.2f} s ({report.headers_read} headers read, the rest cached)", style="dim"
             )
-        return 0 if report.drafts else EXIT_FAIL
+        return 0 if report.any else EXIT_FAIL

@@ -149,7 +149,8 @@ DRAFTING = (
         Settings,
         "draft",
         ("--draft",),
-        "Drafter: model, ngram, hybrid (n-gram when it has a guess, else the model) or none (plain decoding).",
+        "Drafter: model, ngram, mtp (the target's own MTP heads), hybrid (n-gram when it has a guess, else the draft "
+        "model, or the target's MTP heads when it has them and no -d is given) or none (plain decoding).",
         str,
     ),
     _flag(

@@ -293,11 +293,13 @@ class Host:
     def _engine(self, settings: Settings, sampler: Sampler) -> Engine:
         """The engine for these settings (made on first use, sharing the models and costs)."""
         if self.pair.draft is None:
-            settings = settings.without_draft_model()
+            settings = settings.without_draft_model(self.pair.heads is not None)
         key = _engine_key(settings, sampler)
         engine = self.engines.get(key)
         if engine is None:
-            engine = Engine(self.pair.target, self.pair.draft, settings, dataclasses.replace(sampler, seed=None), self.cost)
+            engine = Engine(
+                self.pair.target, self.pair.draft, settings, dataclasses.replace(sampler, seed=None), self.cost, heads=self.pair.heads
+            )
             if settings.sources and not settings.fixed and not self.cost.verify:
                 self.observer.notice("measuring this machine's verify costs once (cached for next time)...")
                 engine.calibrate()

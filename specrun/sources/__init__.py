@@ -1,42 +1,52 @@
-"""Draft sources, one module each, and the one list that names them.
+"""Draft sources, one module each, and the one table that names them.
 
-Adding a source is a module with a class that fits ``base.Source`` and one line in ``build``.
+Adding a source is a module with a class that fits ``base.Source`` and one line in ``MAKERS``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .base import Outcome, Source
 from .model import ModelSource
+from .mtp import MtpSource
 from .ngram import NgramSource
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..backend import Model
+    from ..backend import Model, MtpHeads
     from ..costs import CostModel
     from ..sampling import Sampler
 
-__all__ = ["ModelSource", "NgramSource", "Outcome", "Source", "build"]
+__all__ = ["ModelSource", "MtpSource", "NgramSource", "Outcome", "Source", "build"]
 
 
-def build(
-    names: list[str],
-    *,
-    target: Model,
-    draft: Model | None,
-    sampler: Sampler,
-    rng: np.random.Generator,
-    cost: CostModel,
-    k_max: int,
-    ngram: tuple[int, int],
-) -> dict[str, Source]:
-    """The sources named (in the order given), each made from what it needs."""
-    made: dict[str, Source] = {}
-    for name in names:
-        if name == "ngram":
-            made[name] = NgramSource(*ngram)
-        elif name == "model" and draft is not None:
-            made[name] = ModelSource(draft, sampler, rng, target.n_vocab, cost, k_max)
-    return made
+@dataclass(frozen=True)
+class Makings:
+    """What a source may be made from."""
+
+    target: Model
+    draft: Model | None
+    heads: MtpHeads | None
+    sampler: Sampler
+    rng: np.random.Generator
+    cost: CostModel
+    k_max: int
+    ngram: tuple[int, int]
+
+
+# name -> how to make it (None: not possible with what is at hand)
+MAKERS: dict[str, Callable[[Makings], Source | None]] = {
+    "ngram": lambda m: NgramSource(*m.ngram),
+    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.k_max) if m.draft else None,
+    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.k_max) if m.heads else None,
+}
+
+
+def build(names: list[str], makings: Makings) -> dict[str, Source]:
+    """The sources named that can be made (in the order given)."""
+    made = {name: MAKERS[name](makings) for name in names}
+    return {name: s for name, s in made.items() if s is not None}

@@ -1,0 +1,331 @@
+"""The target's own MTP heads as the draft, on a tiny qwen35 with one head (tests/tiny_mtp.py),
+through the real llama.cpp: what the header says (check-pair, drafts, inspect, models --scan,
+the memory fit), the one-line refusal of ``--draft mtp`` without heads, and the heads drafting
+through the engine: exact greedy output, the MTP context in step with the target after every
+round (its KV length, its pending state, and its next guess against a fresh catch-up), chat
+turns, sampling that keeps the target's distribution, and tokens counted by source.
+
+qwen35 is hybrid (delta-net layers): its target context keeps ``SNAPSHOTS`` recurrent-state
+snapshots so that a verify can be rolled back, which bounds a draft to that many tokens, and a
+checkpoint for the rollback snapshots cannot do (tests/test_hybrid.py's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_mtp import TRUNK_LAYERS, build_mtp, mtp_block, mtp_variants
+
+from specrun.backend import LoadOptions, Model, MtpHeads
+from specrun.cli.main import main
+from specrun.costs import CostModel
+from specrun.engine import Engine, Settings
+from specrun.errors import EXIT_USAGE
+from specrun.heads import heads_of
+from specrun.memory import estimate
+from specrun.modelinfo import model_info
+from specrun.registry import Registry
+from specrun.sampling import Sampler
+from specrun.server.metrics import Metrics
+from specrun.session import resolve_pair, uses_heads
+
+SNAPSHOTS = 6  # recurrent-state snapshots on the target: a verify rolls back at most this many
+K = SNAPSHOTS  # drafts per round (a near-tie deferred at a verify's first row restores a checkpoint)
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The",
+    "def fibonacci(n: int) -> int:\n    if n < 2:",
+    "今日はとても良い天気です。私は",
+]
+N_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def mtp(tmp_path_factory) -> dict[str, Path]:
+    return build_mtp(tmp_path_factory.mktemp("mtp"))
+
+
+def load(path: Path, heads: bool = True) -> Model:
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64, load_mtp=heads, rollback_depth=SNAPSHOTS))
+    if heads:
+        MtpHeads(m)
+    return m
+
+
+@pytest.fixture(scope="module")
+def target(mtp):
+    m = load(mtp["mtp"])
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def fresh(mtp):
+    """A second copy, to catch up from scratch and compare with."""
+    m = load(mtp["mtp"])
+    yield m
+    m.close()
+
+
+def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, sampler: Sampler | None = None, on_step=None):
+    """One generation from a clean cache; the tokens and the run's stats."""
+    target.reset()
+    e = Engine(target, None, settings, sampler or Sampler(0.0), CostModel(), heads=target.heads)
+    out, stats = [], None
+    for step in e.generate(prompt, n):
+        out += step.tokens
+        stats = step.stats
+        if on_step is not None:
+            on_step(e, step)
+    return out, stats
+
+
+def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
+    """The heads account for exactly the target's positions (in their cache, or queued for it),
+    their pending state is the target's state at the last cached position, and their next
+    guess equals that of heads that caught up with the same sequence in one batch."""
+    h = target.heads
+    assert h is not None and fresh.heads is not None
+    assert target.n_past == h.n_past == h.cached + h.queued == len(seq) - 1
+    assert h.queued <= K + 1  # what the last verify kept, not yet fed
+    assert target.tokens == seq[:-1]
+    fresh.reset()
+    fresh.eval(seq[:-1], logits="none")
+    np.testing.assert_allclose(h.state_before(h.n_past), fresh.heads.state_before(fresh.heads.n_past), atol=2e-3)
+    got = h.draft_step(seq[-1]).copy()
+    h.end_draft()
+    want = fresh.heads.draft_step(seq[-1]).copy()
+    fresh.heads.end_draft()
+    np.testing.assert_allclose(got, want, atol=2e-2)
+    assert h.cached == h.n_past and h.queued == 0  # the queue went in with the draft step, whose position is forgotten again
+
+
+# --- the header ---------------------------------------------------------------------------
+
+
+def test_the_header_names_the_heads_and_their_bytes(mtp):
+    info = model_info(mtp["mtp"])
+    h = heads_of(info)
+    assert (h.count, h.first_block, h.usable, h.chained, h.max_draft) == (1, TRUNK_LAYERS, True, False, None)
+    assert h.weights_bytes == sum(w.nbytes for w in mtp_block(mtp_variants()["mtp"]).values())  # F32, as written
+    assert h.kv_bytes_per_token == 2 * 16 * 2 * 2  # 2 KV heads x (k + v) x 16 dims x f16
+    assert h.describe() == "built-in MTP: 1 head" and h.stripped_note() is None
+    stripped = heads_of(model_info(mtp["mtp-stripped"]))
+    assert stripped.count == 0 and not stripped.usable and "stripped" in (stripped.stripped_note() or "")
+
+
+def test_the_fit_counts_the_heads(mtp):
+    """The heads' tensors and their cache are in the target's estimate: the file with them
+    costs exactly that much more than the one without."""
+    n_ctx = 2048
+    with_heads, without = model_info(mtp["mtp"]), model_info(mtp["mtp-stripped"])
+    h = heads_of(with_heads)
+    a, b = estimate(with_heads, "target", n_ctx, 0), estimate(without, "target", n_ctx, 0)
+    assert a.weights - b.weights == h.weights_bytes
+    assert a.kv_cache - b.kv_cache == h.kv_bytes(n_ctx)
+
+
+def test_a_llama_file_has_no_heads_and_no_note(tiny):
+    h = heads_of(model_info(tiny["target"]))
+    assert h.count == 0 and h.stripped_note() is None
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_drafts_and_check_pair_list_the_heads_first(mtp, tiny, capsys):
+    code, out, _ = cli(["drafts", str(mtp["mtp"]), "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["mtp_heads"]["count"] == 1 and report["mtp_heads"]["best"]
+    code, out, _ = cli(["drafts", str(mtp["mtp"])], capsys)
+    assert code == 0 and "built-in MTP: 1 head" in out and "best free draft" in out
+    code, out, _ = cli(["check-pair", "-m", str(mtp["mtp"])], capsys)
+    assert code == 0 and "built-in MTP: 1 head" in out
+    code, out, _ = cli(["check-pair", "-m", str(mtp["mtp"]), "-d", str(tiny["target"])], capsys)
+    assert "built-in MTP: 1 head" in out and "counted in the target's memory" in out
+    code, out, _ = cli(["drafts", str(mtp["mtp-stripped"])], capsys)
+    assert "may have stripped them" in out.replace("\n", " ")
+
+
+def test_inspect_shows_the_heads(mtp, capsys):
+    code, out, _ = cli(["inspect", str(mtp["mtp"])], capsys)
+    assert code == 0 and "built-in MTP: 1 head" in out
+    code, out, _ = cli(["inspect", str(mtp["mtp"]), "--json"], capsys)
+    assert json.loads(out)["mtp_heads"]["count"] == 1
+    _, out, _ = cli(["inspect", str(mtp["mtp-stripped"]), "--json"], capsys)
+    assert json.loads(out)["mtp_heads"]["count"] == 0 and "stripped" in json.loads(out)["mtp_heads"]["note"]
+
+
+def test_models_scan_marks_files_with_heads(mtp, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "llama-cache"
+    cache.mkdir()
+    for name in ("mtp", "mtp-stripped"):
+        (cache / f"{name}.gguf").symlink_to(mtp[name])
+    for var in ("OLLAMA_MODELS", "LMSTUDIO_MODELS", "HF_HUB_CACHE"):
+        monkeypatch.setenv(var, str(tmp_path / "empty"))
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    monkeypatch.setenv("SPECRUN_MODELS_DIR", str(tmp_path / "no-models"))
+    code, out, _ = cli(["models", "--scan", "--json"], capsys)
+    heads = {Path(m["path"]).name: m["mtp_heads"] for m in json.loads(out)["models"] if m["path"]}
+    assert code == 0 and heads == {"mtp.gguf": 1, "mtp-stripped.gguf": 0}
+    monkeypatch.setenv("COLUMNS", "250")
+    _, out, _ = cli(["models", "--scan"], capsys)
+    rows = [line for line in out.splitlines() if "mtp" in line]
+    assert len(rows) == 2, out
+    assert ["MTP x1" in line for line in rows] == ["stripped" not in line for line in rows]
+
+
+@pytest.mark.parametrize("variant", ["mtp-stripped", "target"])
+def test_draft_mtp_without_heads_is_one_line_exit_2(mtp, tiny, variant, capsys):
+    path = mtp[variant] if variant in mtp else tiny[variant]
+    code, out, err = cli(["generate", "-m", str(path), "-t", "1", "--draft", "mtp", "-p", "hi", "-n", "4"], capsys)
+    assert code == EXIT_USAGE and out == ""
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "--draft mtp needs built-in MTP heads" in line and "ngram" in line and "model" in line
+
+
+# --- drafting through the engine ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return {p: run(target, Settings("none"), target.tokenize(p))[0] for p in PROMPTS}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_mtp_equals_plain(target, fresh, plain, prompt):
+    """64 tokens with the heads alone (every round drafts up to SNAPSHOTS tokens) come out as
+    plain decoding's, and after every round the heads are in step with the target."""
+    seen = Counter()
+
+    def on_step(e: Engine, step) -> None:
+        r = step.round
+        seen["accept"] += r.accepted > 0
+        seen["reject"] += r.accepted < r.drafted
+        check_in_step(target, fresh, e.tokens)
+
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
+    assert out == plain[prompt]
+    assert stats.by_source["mtp"][1] > 0 and seen["accept"] and seen["reject"]
+
+
+def test_a_prompt_of_several_batches(target, fresh):
+    """A prompt over three times the batch size: the target prefills it in chunks, and the
+    heads catch up chunk by chunk (never more than a batch queued); exact and in step."""
+    prompt = target.tokenize(" ".join(PROMPTS) * 4)
+    assert len(prompt) > 3 * target.n_batch
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
+    assert out == run(target, Settings("none"), prompt, n=24)[0]
+
+
+def test_near_ties_keep_the_heads_in_step(target, fresh, plain):
+    """A wide tie margin makes most rounds stop at a near-tie (a deferred position): still the
+    plain output, still in step."""
+    ties = []
+
+    def on_step(e, step):
+        ties.append(step.round.ties)
+        check_in_step(target, fresh, e.tokens)
+
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=3.0)
+    out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
+    assert out == plain[PROMPTS[0]] and sum(ties) >= 5
+
+
+def test_hybrid_chooses_among_ngram_and_the_heads(target, plain):
+    """The default mode with heads and no draft model: the n-gram lookup and the heads, chosen
+    by the controller; exact either way."""
+    s = Settings("hybrid", draft_max=K)
+    for prompt in PROMPTS:
+        out, stats = run(target, s, target.tokenize(prompt))
+        assert out == plain[prompt]
+        assert set(stats.by_source) <= {"mtp", "ngram", "none"}
+
+
+def test_chat_turns_keep_the_heads_in_step(target, fresh):
+    """A second turn extends the sequence (the cache keeps the first): the heads go on from
+    where they were, and both turns match plain decoding's."""
+    user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
+
+    def turns(settings: Settings, check: bool) -> list[list[int]]:
+        target.reset()
+        e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads)
+        out = []
+        prompt = target.tokenize(PROMPTS[0])
+        for _ in range(3):
+            got = []
+            for step in e.generate(prompt, 24):
+                got += step.tokens
+                if check:
+                    check_in_step(target, fresh, e.tokens)
+            out.append(got)
+            prompt = e.tokens + user
+        return out
+
+    assert turns(Settings("mtp", draft_max=K, p_split=0.0, fixed=True), True) == turns(Settings("none"), False)
+
+
+def test_sampling_keeps_the_targets_distribution(target):
+    """At temperature 1.5, unfiltered, the first token drawn with MTP drafts (the head's guess
+    accepted with probability min(1, p/q), or a draw from the residual) follows the target's own
+    law: 600 seeded runs, binned into the target's 8 likeliest tokens and the rest, against what
+    600 draws from the exact law score (total variation distance)."""
+    prompt = target.tokenize(PROMPTS[0])
+    sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
+    target.reset()
+    first = sampler.dist(target.eval(prompt, logits="last")[0].copy())
+    top = [int(x) for x in first.ids[np.argsort(-first.probs)[:8]]]
+    p = np.array([first.prob(x) for x in top] + [0.0])
+    p[-1] = 1.0 - p.sum()
+    n = 600
+    counts = np.zeros(len(p))
+    accepted = 0
+    s = Settings("mtp", draft_max=3, p_split=0.0, fixed=True)
+    for seed in range(n):
+        out, stats = run(target, s, prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed))
+        counts[top.index(out[0]) if out[0] in top else -1] += 1
+        accepted += stats.n_accepted
+    assert accepted > n / 10  # the head's guesses were kept often enough to matter
+    tv = 0.5 * np.abs(counts / n - p).sum()
+    noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
+    assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+
+
+def test_tokens_by_source_reach_stats_and_metrics(target):
+    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    _, stats = run(target, s, target.tokenize(PROMPTS[1]), n=32)
+    rounds, drafted, accepted = stats.by_source["mtp"]
+    assert rounds and drafted >= accepted >= 0
+    assert stats.to_json()["by_source"]["mtp"] == {"rounds": rounds, "drafted": drafted, "accepted": accepted}
+    m = Metrics(lambda: 0, lambda: False)
+    m.observe(stats)
+    text = m.text().decode()
+    assert f'specrun_draft_tokens_total{{source="mtp"}} {float(drafted)}' in text
+
+
+def test_draft_mtp_with_a_draft_model_is_refused(mtp, tiny, capsys):
+    code, out, err = cli(["generate", "-m", str(mtp["mtp"]), "-d", str(tiny["target"]), "--draft", "mtp", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and out == "" and "\n" not in err.strip()
+    assert "drafts with the target's own heads alone" in err and "--draft hybrid" in err
+
+
+def test_hybrid_takes_the_heads_unless_a_draft_model_is_named(mtp, tiny):
+    """From the headers alone: the default mode drafts with the heads when no draft model is
+    named, with the named one otherwise; a file without heads falls back to the n-gram lookup."""
+    reg = Registry.load()
+    hybrid = Settings("hybrid")
+    t, d, s = resolve_pair(reg, str(mtp["mtp"]), None, hybrid)
+    assert d is None and s.draft == "hybrid" and uses_heads(t.path, s, None)
+    t, d, s = resolve_pair(reg, str(mtp["mtp"]), str(tiny["target"]), hybrid)
+    assert d is not None and d.path == tiny["target"] and not uses_heads(t.path, s, d.path)
+    t, d, s = resolve_pair(reg, str(mtp["mtp-stripped"]), None, hybrid)
+    assert d is None and s.draft == "ngram" and not uses_heads(t.path, s, None)
