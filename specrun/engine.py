@@ -26,8 +26,8 @@ from .errors import PromptTooLong, UsageError
 from .learned import Learned
 from .sampling import Sampler, accept_or_resample
 from .sources import ModelSource, Outcome, Source
-from .sources.model import Autoregressive
 from .sources.base import Rate
+from .sources.model import Autoregressive
 from .stats import RoundStats, RunStats
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
@@ -229,7 +229,9 @@ class Engine:
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.sources: dict[str, Source] = draft_sources.build(
             settings.sources,
-            draft_sources.Makings(target, draft, heads, sampler, self.rng, self.cost, settings.k_max, (settings.ngram_min, settings.ngram_max)),
+            draft_sources.Makings(
+                target, draft, heads, sampler, self.rng, self.cost, settings.k_max, (settings.ngram_min, settings.ngram_max)
+            ),
         )
         for src in self.sources.values():
             if isinstance(src, Autoregressive) and settings.fixed:

@@ -18,8 +18,8 @@ from .compat import check_vocab
 from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
-from .learned import CostStore
 from .heads import Heads, heads_of
+from .learned import CostStore
 from .memory import Dev, host_device
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, check_settings, describe, fit, plan, proposals
