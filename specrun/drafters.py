@@ -118,8 +118,7 @@ class ModelDrafter:
             return Proposal()
         t = time.perf_counter()
         logits, evaluated = self._sync(tokens)
-        if k > 1:
-            self.model.checkpoint(full=True)  # hybrid/recurrent drafts: the drafting decodes below may be undone
+        self.model.checkpoint(full=True)  # hybrid/recurrent drafts: the drafting decodes below may be undone
         # more than a round's usual one or two tokens: a catch-up, not a per-token cost
         caught_up = evaluated > 2
         out = Proposal(sync_s=time.perf_counter() - t if caught_up else 0.0, caught_up=evaluated if caught_up else 0)
