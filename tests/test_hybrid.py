@@ -301,6 +301,34 @@ def test_the_mtp_variant_carries_one_nextn_block(hybrid):
     assert m.arch.state_bytes == STATE_BYTES["qwen35"]  # the MTP block is attention, outside the trunk
 
 
+def test_llama_cpp_loads_the_mtp_head_and_gives_it_a_context(hybrid):
+    """What issue 24 builds on: load_mtp keeps the NextN tensors, and an MTP context shares the
+    target's (llama.cpp's own API: specrun's backend does not drive MTP yet)."""
+    import llama_cpp as ll
+
+    from specrun import backend
+
+    backend.devices()  # llama.cpp initialised, its log captured
+    mp = ll.llama_model_default_params()
+    mp.load_mtp = True
+    model = ll.llama_model_load_from_file(str(hybrid["qwen35-mtp"]).encode(), mp)
+    assert model and ll.llama_model_n_layer_nextn(model) == 1
+    ctxs = []
+    try:
+        for ctx_type in (None, ll.LLAMA_CONTEXT_TYPE_MTP):
+            cp = ll.llama_context_default_params()
+            cp.n_ctx, cp.n_threads, cp.n_threads_batch = 256, 1, 1
+            if ctx_type is not None:
+                cp.ctx_type, cp.ctx_other, cp.n_rs_seq = ctx_type, ctxs[0], 0
+            ctxs.append(ll.llama_init_from_model(model, cp))
+            assert ctxs[-1]
+    finally:
+        for c in reversed(ctxs):
+            if c:
+                ll.llama_free(c)
+        ll.llama_model_free(model)
+
+
 def test_memory_counts_the_state_and_only_the_attention_layers_kv(hybrid):
     n_ctx = 512
     m = model_info(hybrid["qwen35"])  # one KV head count for every layer in the header ...
