@@ -17,6 +17,10 @@
 # a round's time goes (verify, the heads' catch-up, draft steps) against plain decoding. The
 # published figures to beat are for real models (Qwen3.6-27B: 31 -> 41-53 tok/s on an RTX 3090);
 # on a 64-wide model the fixed cost per decode dominates, so read these as a working check.
+# Hybrid and recurrent models (issue 23): real ones (Qwen3.6, LFM2, Granite-4.0-H) are far over
+# the 64 MiB a call carries, so the generated qwen35/lfm2/granitehybrid run on the GPU instead:
+# the exactness of every rollback method with CUDA's delta-net, short-conv and Mamba-2 kernels
+# (tests/test_hybrid.py) and the rollback cost by tokens undone (scripts/tools/rollback_cost.py).
 #
 # From the session:  run(command="bash scripts/device-check.sh", carry=[".gpu", ".whl"])
 set -euo pipefail
@@ -35,6 +39,8 @@ t=/tmp/models/target.gguf d=/tmp/models/draft-perturbed.gguf
 specrun generate -m "$t" -d "$d" -p "def fib(n):" -n 32 -t 8 --json >"$out/generate.json" 2>"$out/generate.err" || true
 grep -h "offloaded" "$out/generate.err" || echo "no offload report"
 python3 -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_pair.py 2>&1 | tail -3 | tee "$out/pytest.txt"
+python3 -m pytest -q -p no:cacheprovider tests/test_hybrid.py 2>&1 | tail -3 | tee "$out/pytest-hybrid.txt"
+python3 scripts/tools/rollback_cost.py --repeats 20 -t 8 --dir /tmp/models/hybrid | tee "$out/rollback-cost.txt"
 printf '{"class":"chat","prompt":"Hello there, how are you today?","chat":true}\n{"class":"code-edit","prompt":"def fibonacci(n):\\n    if n < 2:\\n        return n\\n    return fibonacci(n - 1) + fibonacci(n - 2)\\n\\nRepeat the code above.","chat":true}\n' >/tmp/prompts.jsonl
 specrun bench -m "$t" -d "$d" --prompts /tmp/prompts.jsonl --runs 2 -n 64 -t 8 --markdown | tee "$out/bench.md"
 # MTP heads on the GPU

@@ -30,6 +30,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as ll_ext
 
 from . import rpc
+from .architecture import CHECKPOINTS_KEPT, ROLLBACK_DEPTH
 from .errors import BackendError, SpecrunError, UsageError, WorkerUnreachable
 
 _OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -338,7 +339,7 @@ class LoadOptions:
     load_mtp: bool = False  # also load the built-in MTP heads' tensors (see MtpHeads)
     # recurrent-state snapshots to ask for on an architecture that keeps them: the most draft
     # tokens one rollback may undo (the engine's adaptive draft cap, DRAFT_MAX_ADAPTIVE)
-    rollback_depth: int = 32
+    rollback_depth: int = ROLLBACK_DEPTH
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -355,7 +356,6 @@ ROLLBACK_METHODS = ("trim", "snapshots", "checkpoint")
 # a snapshot model also keeps a checkpoint this many positions back at most, for the one
 # rollback snapshots cannot do (a whole decode, as when a near-tie defers the pending token)
 ANCHOR_EVERY = 64
-CHECKPOINTS_KEPT = 2
 
 
 @dataclass
@@ -517,6 +517,16 @@ class Model:
         cap = self.n_batch
         if logits == "all" and len(tokens) > min(cap, self.opts.n_outputs_max):
             raise ValueError("logits='all' is limited to n_outputs_max tokens")
+        if self.rollback_method != "trim" and logits != "all" and len(tokens) > 1 and not self._checkpoints:
+            # a recurrent state's first evaluation: keep a checkpoint one token short of its end,
+            # so that undoing that token (a near-tie deferring it) does not replay them all
+            self._eval_chunks(tokens[:-1], "none")
+            self.checkpoint(full=True)
+            tokens = tokens[-1:]
+        return self._eval_chunks(tokens, logits)
+
+    def _eval_chunks(self, tokens: list[int], logits: str) -> np.ndarray | None:
+        cap = self.n_batch
         for start in range(0, len(tokens), cap):
             chunk = tokens[start : start + cap]
             last_chunk = start + cap >= len(tokens)

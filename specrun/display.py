@@ -215,6 +215,8 @@ def inspect_table(m: ModelInfo) -> Table:
     rows.append(("chat template", "present" if m.chat_template else "absent"))
     rows.append(("KV cache per 1k context (f16)", human_bytes(m.kv_bytes(1024))))
     rows.append(("memory and rollback", m.arch.sentence()))
+    if m.arch.loadable is False:
+        rows.append(("llama.cpp", f"the installed llama.cpp cannot load {m.arch.name!r} models"))
     if m.arch.kind != "attention":
         state = "unknown" if m.arch.state_bytes is None else human_bytes(m.arch.state_bytes)
         rows.append(("recurrent state (one sequence)", state))
