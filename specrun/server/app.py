@@ -8,8 +8,9 @@ Routes (also without the ``/v1`` prefix, for clients configured that way):
 * ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key.
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
-400 malformed JSON or a request that cannot be served (``n > 1``, a prompt longer than the
-context), 401 a missing or wrong key, 404 an unknown model or route, 413 a body over
+400 a body that is not a JSON object as OpenAI requests are (not UTF-8, nested deeper than
+64 levels, NaN, numbers past 64 bits, lone surrogates: see body.py) or a request that cannot
+be served (``n > 1``, a prompt longer than the context), 401 a missing or wrong key, 404 an unknown model or route, 413 a body over
 ``max_body``, 422 a field of the wrong type or out of range, 429 the queue is full (with
 ``Retry-After``), 503 the server is stopping. Messages name the JSON field, never a flag.
 """
@@ -39,6 +40,7 @@ from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
 from ..template import render_chat
+from .body import load_object
 from .host import Busy, Host, Job, Request, ShuttingDown, Start
 from .metrics import CONTENT_TYPE, Metrics
 from .schemas import ApiError, ChatRequest, CompletionRequest, param_of
@@ -210,13 +212,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
 
     async def parse(request: HttpRequest, model: type[_Req]) -> _Req:
         authorize(request)
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
+        data = load_object(await request.body())
         try:
             req = model.model_validate(data)
         except ValidationError as e:
@@ -239,6 +235,8 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
                 if value is not None:
                     changes[name] = value
         picks = {k: getattr(req, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed") if getattr(req, k) is not None}
+        if picks.get("seed") == -1:  # llama-server's "random"
+            picks["seed"] = None
         try:
             return dataclasses.replace(served.settings, **changes), dataclasses.replace(served.sampler, **picks)
         except UsageError as e:

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
 
+MAX_STOP_CHARS = 1000  # a stop string is held back while the text could be its start: keep that short
+
 
 class ApiError(Exception):
     """An HTTP error with an OpenAI-shaped body: ``{"error": {message, type, param, code}}``."""
@@ -85,7 +87,7 @@ class _Generation(_Body):
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0, description="llama.cpp's extra; 0 disables")
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0, description="llama.cpp's extra; 0 disables")
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-1, description="-1 or absent: a fresh random seed (as in llama-server)")
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -105,6 +107,9 @@ class _Generation(_Body):
         items = [self.stop] if isinstance(self.stop, str) else self.stop
         if len(items) > 16:
             raise ApiError(400, f"at most 16 stop strings, got {len(items)}", "stop")
+        longest = max((len(s) for s in items), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ApiError(400, f"a stop string has {longest} characters; at most {MAX_STOP_CHARS}", "stop")
         return [s for s in items if s]
 
     def check_unsupported(self) -> None:
