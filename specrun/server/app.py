@@ -39,7 +39,8 @@ from ..sampling import Sampler
 from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
-from ..template import render_chat
+from ..template import TemplateError, render_chat, renders_tools
+from ..toolcalls import CallDelta, ToolCallParser, parse_tool_calls, tool_format
 from .body import load_object
 from .host import Busy, Host, Job, Request, ShuttingDown, Start
 from .metrics import CONTENT_TYPE, Metrics
@@ -170,6 +171,8 @@ class _TooBig(Exception):
 def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
     template = model_template(host.pair)
+    shows_tools = renders_tools(template)  # on the main thread, where the template's time limit applies
+    call_format = tool_format(template.source) if shows_tools else None
     app.add_middleware(BodyLimit, limit=served.max_body)
     key = served.api_key.encode() if served.api_key else None
 
@@ -327,11 +330,25 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         req = await parse(request, ChatRequest)
         settings, sampler = drafting(req)
         limit, limit_field = req.limit()
+        tools = req.calling()
+        if tools is not None and call_format is None:
+            why = "does not show tools to the model" if not shows_tools else "writes tool calls in a format specrun does not read"
+            raise ApiError(
+                400,
+                f"model {served.name!r} cannot call tools: its chat template {why} (specrun reads Hermes/Qwen <tool_call> and "
+                'Llama 3 JSON calls); send no tools (or tool_choice "none"), or serve a model whose template has tool calls',
+                "tools", "tools_not_supported",
+            )  # fmt: skip
         # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
-        text = render_chat(template, req.conversation(), host.warn)
+        try:
+            text = render_chat(template, req.conversation(), host.warn, tools=tools)
+        except TemplateError as e:  # only with tools: without, the plain format stands in
+            raise ApiError(400, f"model {served.name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
         add_special = not (template.bos_token and text.startswith(template.bos_token))
         r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
-        return await run(request, r, req.stream, _Shape("chat", served.name, req.include_usage))
+        names = frozenset(t["function"]["name"] for t in tools or ())
+        shape = _Shape("chat", served.name, req.include_usage, call_format if tools else None, names, req.parallel_tool_calls is not False)
+        return await run(request, r, req.stream, shape)
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -369,6 +386,9 @@ class _Shape:
     kind: str
     model: str
     include_usage: bool
+    tools: str | None = None  # the tool-call format to read from the reply (None: no tools offered)
+    names: frozenset[str] = frozenset()  # the tools offered
+    parallel: bool = True  # False: only the first call is kept (``parallel_tool_calls``)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -379,15 +399,27 @@ class _Shape:
 
     def whole(self, text: str, last: Event, start: Start) -> dict:
         reason = finish_reason(last.finish_reason)
-        if self.kind == "chat":
+        if self.kind == "chat" and self.tools:
+            content, calls = parse_tool_calls(self.tools, text, self.names)
+            calls = calls if self.parallel else calls[:1]
+            message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
+            if calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+                ]
+                reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        elif self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head(False), "choices": [choice], "usage": usage(start, last.stats), "timings": timings(last.stats)}
 
-    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> dict:
+    def chunk(self, text: str | None, reason: str | None = None, role: bool = False, call: CallDelta | None = None) -> dict:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if call is not None:
+                delta = {"tool_calls": [call.to_openai()]}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
@@ -399,6 +431,16 @@ class _Shape:
 
 async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, api_error) -> AsyncIterator[bytes]:
     """The SSE stream; leaving early (the client went away, the server stops) cancels the job."""
+    calls = ToolCallParser(shape.tools, shape.names) if shape.tools else None
+
+    def pieces(items: list[str | CallDelta]) -> list[bytes]:
+        """Content and tool-call deltas as chunks (with ``parallel_tool_calls`` false, the first call only)."""
+        return [
+            _sse(shape.chunk(item) if isinstance(item, str) else shape.chunk(None, call=item))
+            for item in items
+            if isinstance(item, str) or shape.parallel or item.index == 0
+        ]
+
     try:
         if shape.kind == "chat":
             yield _sse(shape.chunk(None, role=True))
@@ -409,11 +451,17 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
                 return
             event: Event = payload
             if event.finish_reason is None:
-                if event.text:
-                    yield _sse(shape.chunk(event.text))  # resumes once the chunk has been sent
+                for piece in pieces(calls.feed(event.text)) if calls is not None else [_sse(shape.chunk(event.text))] if event.text else []:
+                    yield piece  # resumes once the chunk has been sent
                 job.delivered()
                 continue
-            last = shape.chunk(event.text or None, finish_reason(event.finish_reason))
+            reason = finish_reason(event.finish_reason)
+            if calls is not None:
+                for piece in pieces(calls.feed(event.text) + calls.finish()):
+                    yield piece
+                reason = "tool_calls" if calls.calls and reason == "stop" else reason
+                event = dataclasses.replace(event, text="")
+            last = shape.chunk(event.text or None, reason)
             last["timings"] = timings(event.stats)
             if event.text and shape.kind == "chat":  # the held-back tail, then the finish on its own
                 yield _sse(shape.chunk(event.text))
