@@ -5,7 +5,9 @@ Routes (also without the ``/v1`` prefix, for clients configured that way):
 * ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true: server-sent
   events, ``data: [DONE]`` last);
 * ``GET /v1/models``, ``GET /v1/models/{id}``;
-* ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key.
+* ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key;
+* ``GET /``: the chat page (``page/``, static files; it calls the routes above with the key
+  the user types in, and nothing but this origin).
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
 400 a body that is not a JSON object as OpenAI requests are (not UTF-8, nested deeper than
@@ -25,6 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
@@ -114,6 +117,36 @@ def usage(start: Start, s: RunStats) -> dict:
         "prompt_tokens_details": {"cached_tokens": s.n_cached_tokens},
         "completion_tokens_details": {"accepted_prediction_tokens": s.n_accepted, "rejected_prediction_tokens": s.n_drafted - s.n_accepted},
     }
+
+
+# the chat page (specrun/server/page): static files, served as they are
+PAGE_FILES = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8", "page.css": "text/css; charset=utf-8"}
+# the page talks to this origin only: scripts, styles and fetches from here, nothing else, no framing
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def _page(name: str) -> Response:
+    body = resources.files("specrun.server").joinpath("page").joinpath(name).read_bytes()
+    headers = {"Content-Security-Policy": PAGE_POLICY, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+               "Cache-Control": "no-cache"}  # fmt: skip
+    return Response(body, media_type=PAGE_FILES[name], headers=headers)
+
+
+def drafted(event: Event, spans: bool = True) -> dict:
+    """specrun's extension of a stream chunk (``stream_options.include_drafts``): the chunk's
+    text as runs of ``[text, source]`` (source "model" or "ngram" for text from accepted drafts,
+    null for the target's own tokens; the texts join to the chunk's content), and the request's
+    statistics so far."""
+    s = event.stats
+    out: dict[str, Any] = {"spans": [[text, source] for text, source in event.segments]} if spans else {}
+    out["stats"] = {
+        "generated": s.n_generated, "tok_s": round(s.generation_tps, 2), "drafted": s.n_drafted, "accepted": s.n_accepted,
+        "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in sorted(s.by_source.items())},
+    }  # fmt: skip
+    return out
 
 
 def _sse(obj: Any) -> bytes:
@@ -294,6 +327,16 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
             body["notices"] = list(start.notices)
         return JSONResponse(body, headers=headers)
 
+    @app.get("/", include_in_schema=False)
+    async def page_index():
+        return _page("index.html")
+
+    @app.get("/page/{name}", include_in_schema=False)
+    async def page_file(name: str):
+        if name not in PAGE_FILES or name == "index.html":
+            raise ApiError(404, f"no page file {name!r}", None, "not_found")
+        return _page(name)
+
     @app.get("/health")
     async def health():
         if host.stopping:
@@ -347,7 +390,8 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         add_special = not (template.bos_token and text.startswith(template.bos_token))
         r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
         names = frozenset(t["function"]["name"] for t in tools or ())
-        shape = _Shape("chat", served.name, req.include_usage, call_format if tools else None, names, req.parallel_tool_calls is not False)
+        shape = _Shape("chat", served.name, req.include_usage, call_format if tools else None, names, req.parallel_tool_calls is not False,
+                       req.include_drafts)  # fmt: skip
         return await run(request, r, req.stream, shape)
 
     @app.post("/v1/completions")
@@ -359,7 +403,8 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         ids = () if text is not None else tuple(int(t) for t in req.prompt)
         r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
                     prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
-        return await run(request, r, req.stream, _Shape("completion", served.name, req.include_usage))
+        shape = _Shape("completion", served.name, req.include_usage, drafts=req.include_drafts)
+        return await run(request, r, req.stream, shape)
 
     return app
 
@@ -389,6 +434,7 @@ class _Shape:
     tools: str | None = None  # the tool-call format to read from the reply (None: no tools offered)
     names: frozenset[str] = frozenset()  # the tools offered
     parallel: bool = True  # False: only the first call is kept (``parallel_tool_calls``)
+    drafts: bool = False  # stream_options.include_drafts: chunks carry a "specrun" object (see drafted())
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -415,7 +461,9 @@ class _Shape:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head(False), "choices": [choice], "usage": usage(start, last.stats), "timings": timings(last.stats)}
 
-    def chunk(self, text: str | None, reason: str | None = None, role: bool = False, call: CallDelta | None = None) -> dict:
+    def chunk(
+        self, text: str | None, reason: str | None = None, role: bool = False, call: CallDelta | None = None, event: Event | None = None
+    ) -> dict:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             if call is not None:
@@ -426,6 +474,8 @@ class _Shape:
         out = {**self._head(True), "choices": [choice]}
         if self.include_usage:
             out["usage"] = None
+        if self.drafts and event is not None:
+            out["specrun"] = drafted(event, spans=text is not None and call is None)
         return out
 
 
@@ -451,7 +501,11 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
                 return
             event: Event = payload
             if event.finish_reason is None:
-                for piece in pieces(calls.feed(event.text)) if calls is not None else [_sse(shape.chunk(event.text))] if event.text else []:
+                if calls is not None:
+                    out = pieces(calls.feed(event.text))
+                else:
+                    out = [_sse(shape.chunk(event.text, event=event))] if event.text else []
+                for piece in out:
                     yield piece  # resumes once the chunk has been sent
                 job.delivered()
                 continue
@@ -461,11 +515,11 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
                     yield piece
                 reason = "tool_calls" if calls.calls and reason == "stop" else reason
                 event = dataclasses.replace(event, text="")
-            last = shape.chunk(event.text or None, reason)
+            last = shape.chunk(event.text or None, reason, event=event)
             last["timings"] = timings(event.stats)
             if event.text and shape.kind == "chat":  # the held-back tail, then the finish on its own
-                yield _sse(shape.chunk(event.text))
-                last = {**last, "choices": [{**last["choices"][0], "delta": {}}]}
+                yield _sse(shape.chunk(event.text, event=event))
+                last = {**shape.chunk(None, reason, event=event), "timings": last["timings"]}
             yield _sse(last)
             if shape.include_usage:
                 yield _sse({**shape._head(True), "choices": [], "usage": usage(start, event.stats)})

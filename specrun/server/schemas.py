@@ -51,6 +51,7 @@ class Speculative(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    include_drafts: bool = False  # specrun's: each chunk says which of its text came from accepted drafts (docs/serve.md)
 
 
 class ContentPart(_Body):
@@ -189,6 +190,10 @@ class _Generation(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def include_drafts(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_drafts)
 
 
 class ChatRequest(_Generation):
