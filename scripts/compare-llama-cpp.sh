@@ -9,6 +9,10 @@
 #                                               # (ngram-simple, -map-k, -map-k4v, -mod, -cache) on the bench's
 #                                               # code-edit and summarise prompts, RUNS (default 3) runs each,
 #                                               # alternated, medians (scripts/tools/compare_ngram.py)
+#   scripts/compare-llama-cpp.sh --serve        # specrun serve at its defaults against llama-server (draft-simple,
+#                                               # ngram-mod, plain) through the same openai client, 1 and 4
+#                                               # concurrent clients, RUNS (3) runs alternated, medians of tok/s
+#                                               # per client and total and of TTFT (scripts/tools/compare_serve.py)
 #
 # llama.cpp is built from the llama-cpp-python sdist of the version installed in specrun's venv
 # (vendor/llama.cpp), so both tools run the same kernels. The build (several minutes, once) goes to
@@ -41,14 +45,16 @@ PROMPT=$'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|
 build_only=0
 plain=0
 ngram=0
+serve=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-only) build_only=1 ;;
     --plain) plain=1 ;;
     --ngram) ngram=1 ;;
+    --serve) serve=1 ;;
     --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; RUNS_SET=$2; shift ;;
     --runs=*) RUNS=${1#--runs=}; RUNS_SET=$RUNS ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -105,9 +111,9 @@ build_llama_cpp() {
   local src="$dest/src/vendor/llama.cpp"
   [[ -f "$src/CMakeLists.txt" ]] || { echo "error: $tarball has no vendor/llama.cpp" >&2; exit 1; }
 
-  # Server, app and tests are off: llama-cli needs the whole server in recent versions and is optional.
+  # The server is on (llama-server, for --serve; llama-cli needs it too in recent versions); app and tests are off.
   local args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
   # Without AMX kernels, as scripts/install.sh builds specrun's llama.cpp (they fault in some VMs),
   # so both tools run the same kernels.
   if [[ "$(uname -m)" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
@@ -126,9 +132,10 @@ build_llama_cpp() {
 
   local available targets=() t
   available=$(cmake --build "$dest/build" --target help 2>/dev/null || true)
-  for t in llama-speculative-simple llama-bench llama-cli; do
+  for t in llama-speculative-simple llama-bench llama-cli llama-server; do
     if grep -Eq "(^|[ .])$t(:|\$| )" <<<"$available"; then targets+=("$t")
     elif [[ $t == llama-cli ]]; then echo "note: no llama-cli target in this configuration (optional, skipped)"
+    elif [[ $t == llama-server && $serve == 0 ]]; then echo "note: no llama-server target in this configuration (needed by --serve only)"
     else echo "error: llama.cpp $version has no target $t" >&2; exit 1
     fi
   done
@@ -142,7 +149,7 @@ build_llama_cpp() {
   echo "built llama.cpp $version in $((SECONDS - start)) s: $bin"
 }
 
-if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" ]]; then
+if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" && ( $serve == 0 || -x "$bin/llama-server" ) ]]; then
   echo "llama.cpp $version already built: $bin"
 else
   build_llama_cpp
@@ -153,6 +160,14 @@ if [[ $ngram == 1 ]]; then
   [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
   exec "$venv_python" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$TARGET_GGUF" --draft "$DRAFT_GGUF" \
     --runs "${RUNS_SET:-3}" -t "$THREADS"
+fi
+
+if [[ $serve == 1 ]]; then
+  [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
+  [[ -x "$bin/llama-server" ]] || { echo "error: the build has no $bin/llama-server" >&2; exit 1; }
+  serve_args=(--bin "$bin" --target "$TARGET_GGUF" --draft "$DRAFT_GGUF" --runs "${RUNS_SET:-3}" -t "$THREADS" -c "$CTX" --ngl "$NGL")
+  [[ -n "$specrun" ]] && serve_args+=(--specrun "$specrun")
+  exec "$venv_python" "$repo/scripts/tools/compare_serve.py" "${serve_args[@]}"
 fi
 
 # --- models --------------------------------------------------------------------------------------
