@@ -92,6 +92,15 @@ def test_a_request_with_tools_is_served_with_the_tools_in_its_prompt(tools_serve
     assert text == (msg["message"]["content"] or "")  # greedy: streamed and whole agree
 
 
+def test_with_tools_the_draft_extension_carries_stats_only(tools_server):
+    """Text may be held back or turn into a call, so no spans are promised for it."""
+    body = {"messages": ASK, "max_tokens": 8, "tools": [WEATHER], "stream_options": {"include_drafts": True}}
+    chunks = [c for c in tools_server.stream("/v1/chat/completions", body) if isinstance(c, dict)]
+    ext = [c["specrun"] for c in chunks if "specrun" in c]
+    assert ext and all(set(e) == {"stats"} for e in ext), ext
+    assert ext[-1]["stats"]["generated"] == chunks[-1]["timings"]["predicted_n"]
+
+
 @pytest.mark.parametrize(
     "extra, param",
     [

@@ -12,9 +12,10 @@ Routes (also without the ``/v1`` prefix, for clients configured that way):
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
 400 a body that is not a JSON object as OpenAI requests are (not UTF-8, nested deeper than
 64 levels, NaN, numbers past 64 bits, lone surrogates: see body.py) or a request that cannot
-be served (``n > 1``, a prompt longer than the context), 401 a missing or wrong key, 404 an unknown model or route, 413 a body over
-``max_body``, 422 a field of the wrong type or out of range, 429 the queue is full (with
-``Retry-After``), 503 the server is stopping. Messages name the JSON field, never a flag.
+be served (``n > 1``, a prompt longer than the context, tools for a template without them),
+401 a missing or wrong key, 404 an unknown model or route, 413 a body over ``max_body``, 422
+a field of the wrong type or out of range, 429 the queue is full (with ``Retry-After``), 503
+the server is stopping. Messages name the JSON field, never a flag.
 """
 
 from __future__ import annotations
@@ -475,7 +476,7 @@ class _Shape:
         if self.include_usage:
             out["usage"] = None
         if self.drafts and event is not None:
-            out["specrun"] = drafted(event, spans=text is not None and call is None)
+            out["specrun"] = drafted(event, spans=text is not None and call is None and not self.tools)
         return out
 
 
@@ -483,10 +484,10 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
     """The SSE stream; leaving early (the client went away, the server stops) cancels the job."""
     calls = ToolCallParser(shape.tools, shape.names) if shape.tools else None
 
-    def pieces(items: list[str | CallDelta]) -> list[bytes]:
+    def pieces(items: list[str | CallDelta], event: Event) -> list[bytes]:
         """Content and tool-call deltas as chunks (with ``parallel_tool_calls`` false, the first call only)."""
         return [
-            _sse(shape.chunk(item) if isinstance(item, str) else shape.chunk(None, call=item))
+            _sse(shape.chunk(item, event=event) if isinstance(item, str) else shape.chunk(None, call=item, event=event))
             for item in items
             if isinstance(item, str) or shape.parallel or item.index == 0
         ]
@@ -502,7 +503,7 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
             event: Event = payload
             if event.finish_reason is None:
                 if calls is not None:
-                    out = pieces(calls.feed(event.text))
+                    out = pieces(calls.feed(event.text), event)
                 else:
                     out = [_sse(shape.chunk(event.text, event=event))] if event.text else []
                 for piece in out:
@@ -511,7 +512,7 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
                 continue
             reason = finish_reason(event.finish_reason)
             if calls is not None:
-                for piece in pieces(calls.feed(event.text) + calls.finish()):
+                for piece in pieces(calls.feed(event.text) + calls.finish(), event):
                     yield piece
                 reason = "tool_calls" if calls.calls and reason == "stop" else reason
                 event = dataclasses.replace(event, text="")
