@@ -68,6 +68,13 @@ CASES = [
     ("a huge unbroken word", TEXT, json.dumps({"prompt": "x" * 1_000_000}).encode(), 400, "prompt"),
     ("100,000 messages", CHAT, ('{"messages": [' + ",".join([USER] * 100_000) + "]}").encode(), 400, "messages"),
     ("a huge stop string", TEXT, json.dumps({"prompt": "x", "stop": "s" * 1_000_000, "max_tokens": 2}).encode(), 400, "stop"),
+    (
+        "50,000 tools",
+        CHAT,
+        chat_with('"tools": [' + ",".join(['{"type": "function", "function": {"name": "f"}}'] * 50_000) + "]"),
+        400,
+        "tools",
+    ),
     ("n of 20 digits", CHAT, chat_with('"n": 99999999999999999999'), 400, "n"),
     ("a body over --max-body", TEXT, json.dumps({"prompt": "x" * 5_000_000}).encode(), 413, "request_too_large"),
 ]
@@ -79,6 +86,10 @@ SERVED = [
     ("a 20-digit top_k", CHAT, chat_with('"max_tokens": 2, "top_k": 99999999999999999999')),
     ("NUL and odd characters", TEXT, json.dumps({"prompt": "a\u0000b\u202e\ufeff\U0001f600", "max_tokens": 2}).encode()),
     ("63 levels of metadata", CHAT, chat_with('"max_tokens": 2, "metadata": ' + deep(MAX_DEPTH - 1))),
+    ("a tool call of 1 MB arguments (this template shows no calls)", CHAT, json.dumps({"max_tokens": 2, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{" * 1_000_000}}]},
+        {"role": "user", "content": "y"}]}).encode()),
     ("a BOM", TEXT, b'\xef\xbb\xbf{"prompt": "x", "max_tokens": 2}'),
     ("many content parts", CHAT,
      json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 500}], "max_tokens": 2}).encode()),
