@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .compat import check_vocab
-from .control import CostModel, CostStore
+from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
+from .learned import CostStore
 from .memory import Dev, host_device
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, check_settings, describe, fit, plan, proposals
