@@ -14,6 +14,10 @@
 #                                               # llama-speculative-simple --spec-type draft-simple at its
 #                                               # defaults and at n-max 4, 8 and 16; specrun's default and
 #                                               # --draft model; code-gen, explain and chat prompts, RUNS (3)
+#   scripts/compare-llama-cpp.sh --serve        # specrun serve at its defaults against llama-server (draft-simple,
+#                                               # ngram-mod, plain) through the same openai client, 1 and 4
+#                                               # concurrent clients, RUNS (3) runs alternated, medians of tok/s
+#                                               # per client and total and of TTFT (scripts/tools/compare_serve.py)
 #
 # llama.cpp is built from the llama-cpp-python sdist of the version installed in specrun's venv
 # (vendor/llama.cpp), so both tools run the same kernels. The build (several minutes, once) goes to
@@ -46,16 +50,18 @@ PROMPT=$'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|
 build_only=0
 plain=0
 ngram=0
+serve=0
 draft_model=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-only) build_only=1 ;;
     --plain) plain=1 ;;
     --ngram) ngram=1 ;;
+    --serve) serve=1 ;;
     --draft-model) draft_model=1 ;;
     --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; RUNS_SET=$2; shift ;;
     --runs=*) RUNS=${1#--runs=}; RUNS_SET=$RUNS ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -169,6 +175,14 @@ if [[ $ngram == 1 ]]; then
   [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
   exec "$venv_python" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$TARGET_GGUF" --draft "$DRAFT_GGUF" \
     --runs "${RUNS_SET:-3}" -t "$THREADS"
+fi
+
+if [[ $serve == 1 ]]; then
+  [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
+  [[ -x "$bin/llama-server" ]] || { echo "error: the build has no $bin/llama-server" >&2; exit 1; }
+  serve_args=(--bin "$bin" --target "$TARGET_GGUF" --draft "$DRAFT_GGUF" --runs "${RUNS_SET:-3}" -t "$THREADS" -c "$CTX" --ngl "$NGL")
+  [[ -n "$specrun" ]] && serve_args+=(--specrun "$specrun")
+  exec "$venv_python" "$repo/scripts/tools/compare_serve.py" "${serve_args[@]}"
 fi
 
 # --- models --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 from .engine import Engine
 from .stats import RunStats
@@ -36,8 +37,9 @@ class Event:
     from_draft: tuple[bool, ...]  # per token: was it a draft the target accepted?
     stats: RunStats  # the run so far (a snapshot: later rounds do not change it)
     finish_reason: str | None = None  # set on the last event only
-    # ``text`` cut into runs of (text, came from accepted drafts), for a display that shows them
-    segments: tuple[tuple[str, bool], ...] = ()
+    # ``text`` cut into runs of (text, the source of the accepted drafts it came from, or None
+    # for the target's own tokens), for a display that tints them
+    segments: tuple[tuple[str, str | None], ...] = ()
 
 
 def stop_scan(text: str, stops: Sequence[str]) -> tuple[int, bool]:
@@ -57,9 +59,12 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
-    """Split runs of (text, flag) after ``n`` characters."""
-    head: list[tuple[str, bool]] = []
+Segments = list[tuple[str, Optional[str]]]  # runs of (text, draft source or None)
+
+
+def _take(segments: Segments, n: int) -> tuple[Segments, Segments]:
+    """Split runs of (text, source) after ``n`` characters."""
+    head: Segments = []
     for i, (text, flag) in enumerate(segments):
         if n <= 0:
             return head, segments[i:]
@@ -72,43 +77,45 @@ def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, boo
     return head, []
 
 
-def _event(segments: list[tuple[str, bool]], tokens, flags, stats: RunStats, reason: str | None = None) -> Event:
-    merged: list[tuple[str, bool]] = []
+def _event(segments: Segments, tokens, sources, stats: RunStats, reason: str | None = None) -> Event:
+    merged: Segments = []
     for text, flag in segments:
         if merged and merged[-1][1] == flag:
             merged[-1] = (merged[-1][0] + text, flag)
         elif text:
             merged.append((text, flag))
-    return Event("".join(t for t, _ in merged), tuple(tokens), tuple(flags), stats.snapshot(), reason, tuple(merged))
+    flags = tuple(s is not None for s in sources)
+    return Event("".join(t for t, _ in merged), tuple(tokens), flags, stats.snapshot(), reason, tuple(merged))
 
 
 class Detokenizer:
     """Token ids in, text out: never half a UTF-8 character, never any part of a stop string.
 
-    ``feed`` takes one round's tokens (with their from-draft flags) and returns the runs of
-    (text, from_draft) now safe to show, and whether a stop string ended the text."""
+    ``feed`` takes one round's tokens (with, per token, the source of the accepted draft it
+    was, or None) and returns the runs of (text, source) now safe to show, and whether a stop
+    string ended the text."""
 
     def __init__(self, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], stops: Sequence[str] = ()):
         self.piece, self.is_eog = piece, is_eog
         self.stops = [s for s in stops if s]
         self.utf8 = Utf8Stream()
-        self.pending: list[tuple[str, bool]] = []  # decoded, not yet shown: it could start a stop string
+        self.pending: Segments = []  # decoded, not yet shown: it could start a stop string
 
-    def feed(self, tokens: Sequence[int], from_draft: Sequence[bool]) -> tuple[list[tuple[str, bool]], bool]:
-        for t, fd in zip(tokens, from_draft):
+    def feed(self, tokens: Sequence[int], sources: Sequence[str | None]) -> tuple[Segments, bool]:
+        for t, src in zip(tokens, sources):
             if not self.is_eog(t):
-                self.pending.append((self.utf8.feed(self.piece(t)), fd))
+                self.pending.append((self.utf8.feed(self.piece(t)), src))
         return self._release()
 
-    def finish(self) -> tuple[list[tuple[str, bool]], bool]:
+    def finish(self) -> tuple[Segments, bool]:
         """The end of the text: whatever was held back, unless it completes a stop string."""
-        self.pending.append((self.utf8.flush(), False))
+        self.pending.append((self.utf8.flush(), None))
         out, hit = self._release()
         if not hit:
             out, self.pending = out + self.pending, []
         return out, hit
 
-    def _release(self) -> tuple[list[tuple[str, bool]], bool]:
+    def _release(self) -> tuple[Segments, bool]:
         n, hit = stop_scan("".join(t for t, _ in self.pending), self.stops)
         out, self.pending = _take(self.pending, n)
         if hit:
@@ -131,7 +138,7 @@ def stream_generate(
     gen = engine.generate(prompt, max_tokens, cancel, stats)
     try:
         for step in gen:
-            flags = [i < step.n_from_draft for i in range(len(step.tokens))]
+            flags = [step.round.source if i < step.n_from_draft else None for i in range(len(step.tokens))]
             out, hit = text.feed(step.tokens, flags)
             if hit:
                 stats.finish_reason = "stop_string"

@@ -14,7 +14,9 @@ with a warning.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import re
 import signal
 import threading
@@ -200,10 +202,22 @@ def _guard_filter(name: str, f):
     return guarded
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False) -> str:
+    """``tojson`` as Hugging Face's template runner defines it (the one templates are written
+    for): keys in their order, no HTML escaping, Unicode as is."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    _check_format(fmt)
+    return datetime.datetime.now().strftime(fmt[:100])
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _Sandbox(loader=None, autoescape=False, trim_blocks=True, lstrip_blocks=True)
-    env.globals = {"range": _safe_range, "raise_exception": _raise, "namespace": env.globals["namespace"]}
+    env.globals = {"range": _safe_range, "raise_exception": _raise, "namespace": env.globals["namespace"], "strftime_now": _strftime_now}
     env.filters.pop("attr", None)
+    env.filters["tojson"] = _tojson
     env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
     return env
 
@@ -214,8 +228,9 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render with the model's template; raises TemplateError on any failure."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """Render with the model's template (``tools``: OpenAI's tool objects, for a template
+        that shows them to the model); raises TemplateError on any failure."""
         if not self.source:
             raise TemplateError("the model has no chat template")
         env = _environment()
@@ -229,7 +244,7 @@ class ChatTemplate:
                     add_generation_prompt=add_generation_prompt,
                     bos_token=self.bos_token,
                     eos_token=self.eos_token,
-                    tools=None,
+                    tools=tools or None,
                 ):
                     size += len(chunk)
                     if size > MAX_OUTPUT_CHARS:
@@ -256,11 +271,32 @@ def plain_format(messages: list[dict], add_generation_prompt: bool = True) -> st
     return "".join(parts)
 
 
-def render_chat(template: ChatTemplate, messages: list[dict], warn=None, add_generation_prompt: bool = True) -> str:
-    """The model's template if it works, else the plain format (``warn`` gets the reason)."""
+PROBE_TOOL = "specrun_probe_tool"
+
+
+def renders_tools(template: ChatTemplate) -> bool:
+    """Whether the template shows the model a tool it is given (as llama.cpp's minja probes
+    a template's capabilities: render one, look for its name)."""
+    tool = {
+        "type": "function",
+        "function": {"name": PROBE_TOOL, "description": "a probe", "parameters": {"type": "object", "properties": {}}},
+    }
     try:
-        return template.render(messages, add_generation_prompt)
+        return PROBE_TOOL in template.render([{"role": "user", "content": "hi"}], True, [tool])
+    except TemplateError:
+        return False
+
+
+def render_chat(
+    template: ChatTemplate, messages: list[dict], warn=None, add_generation_prompt: bool = True, tools: list[dict] | None = None
+) -> str:
+    """The model's template if it works, else the plain format (``warn`` gets the reason).
+    With ``tools`` there is no fallback: a template that cannot show them raises TemplateError."""
+    try:
+        return template.render(messages, add_generation_prompt, tools)
     except TemplateError as e:
+        if tools:
+            raise
         if warn is not None:
             warn(f"{e}; using a plain ChatML format instead")
         return plain_format(messages, add_generation_prompt)

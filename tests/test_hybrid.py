@@ -21,9 +21,10 @@ from tiny_models import N_EMBD, N_HEAD_KV, add_vocab, bpe_vocab
 from specrun.architecture import CHECKPOINTS_KEPT, ROLLBACK_DEPTH
 from specrun.backend import LoadOptions, Model
 from specrun.cli.main import main
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import DRAFT_MAX_ADAPTIVE, Engine, Settings
 from specrun.errors import EXIT_FAIL
+from specrun.learned import Learned
 from specrun.memory import GpuQuery, estimate
 from specrun.modelinfo import model_info
 from specrun.pair import check_pair
@@ -62,7 +63,7 @@ def run(target: Model, draft: Model | None, settings: Settings, prompt: str, n: 
     target.reset()
     if draft is not None:
         draft.reset()
-    e = Engine(target, draft, settings, sampler or Sampler(0.0), CostModel(dict(FLAT), 0.0001))
+    e = Engine(target, draft, settings, sampler or Sampler(0.0), learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 0.0001}}))
     out, rounds, stats = [], [], None
     for step in e.generate(target.tokenize(prompt), n):
         out += step.tokens
@@ -233,7 +234,13 @@ def test_sampling_matches_the_target_distribution(models, target, draft):
     n = 800
     sampler = Sampler(1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)  # the whole distribution: more to get wrong
     prompt = t.tokenize(PROMPTS[0])
-    e = Engine(t, d, Settings("model", draft_max=1, p_split=0.0, fixed=True), sampler, CostModel(dict(FLAT), 0.0001))
+    e = Engine(
+        t,
+        d,
+        Settings("model", draft_max=1, p_split=0.0, fixed=True),
+        sampler,
+        learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 0.0001}}),
+    )
     firsts: dict[int, int] = {}
     pairs: dict[tuple[int, int], int] = {}
     rejected = 0

@@ -75,3 +75,78 @@ def test_install_rejects_bad_arguments(args: list[str], tmp_path: Path) -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- scripts/tools/compare_serve.py: the llama-server comparison's commands and arguments ---------
+
+
+def compare_serve(*args: str) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS_DIR / "tools" / "compare_serve.py"), *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_compare_serve_starts_each_setup_as_documented(tmp_path: Path) -> None:
+    result = compare_serve("--bin", str(tmp_path / "bin"), "--target", "T.gguf", "--draft", "D.gguf", "-t", "2", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
+    assert list(lines) == ["draft-simple", "ngram-mod", "plain", "specrun"]
+    cmds = {k: v.split() for k, v in lines.items()}
+    for name in ("draft-simple", "ngram-mod", "plain"):
+        assert cmds[name][0] == str(tmp_path / "bin" / "llama-server") and cmds[name][cmds[name].index("-m") + 1] == "T.gguf"
+    assert cmds["draft-simple"][cmds["draft-simple"].index("-md") + 1] == "D.gguf" and "--spec-type draft-simple" in lines["draft-simple"]
+    assert "--spec-type ngram-mod" in lines["ngram-mod"] and "-md" not in cmds["ngram-mod"]
+    assert "--spec-type" not in cmds["plain"] and "-md" not in cmds["plain"]
+    assert cmds["specrun"][1:2] == ["serve"] and cmds["specrun"][cmds["specrun"].index("-d") + 1] == "D.gguf"
+    assert "--spec" not in lines["specrun"] and "--draft" not in cmds["specrun"]  # specrun at its defaults
+    ports = [c[c.index("--port") + 1] for c in cmds.values()]
+    assert len(set(ports)) == 4 and all(c[c.index("--host") + 1] == "127.0.0.1" for c in cmds.values())
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--setups", "draft-simple,bogus"], "unknown setup bogus"),
+        (["--clients", "0"], "--clients"),
+        (["--clients", "one"], "--clients"),
+        (["--runs", "0"], "--runs"),
+        (["--setups", "plain"], "--bin"),  # llama-server setups need the build
+    ],
+)
+def test_compare_serve_refuses_bad_arguments(args: list[str], words: str) -> None:
+    result = compare_serve(*args, "--dry-run")
+    assert result.returncode == 2 and words in result.stderr.strip().splitlines()[-1], result.stderr
+    assert result.stdout == ""
+
+
+def test_compare_llama_cpp_documents_serve() -> None:
+    result = run_script("compare-llama-cpp.sh", "--help")
+    assert result.returncode == 0 and "--serve" in result.stdout and "compare_serve.py" in result.stdout
+
+
+def test_compare_serve_measures_a_real_server(tiny, tmp_path: Path) -> None:
+    """The client side of the comparison, against a real `specrun serve` on tiny models (a
+    check of the script, not a benchmark: two short requests, one and two clients)."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import compare_serve as cs
+
+    args = cs.parse_args(
+        ["--setups", "specrun", "--target", str(tiny["target"]), "--draft", str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024"]
+    )
+    port = cs.free_port()
+    server = cs.Running("specrun", cs.command("specrun", args, port), port, tmp_path / "specrun.log", timeout=120)
+    try:
+        assert server.model == "target.gguf"
+        one = cs.measure(server, "chat", ["Tell me about foxes.", "And dogs?"], 1, run=1, n=8)
+        two = cs.measure(server, "chat", ["Tell me about foxes.", "And dogs?"], 2, run=1, n=8)
+    finally:
+        server.stop()
+    for s in (one, two):
+        assert s.tokens == 16 and len(s.per_client_tps) == 2 and all(t > 0 for t in s.per_client_tps)
+        assert len(s.ttft_ms) == 2 and all(t > 0 for t in s.ttft_ms) and s.total_tps > 0
+    text = cs.table([one, two], ["specrun"], ["chat"], [1, 2])
+    assert text.splitlines()[1].split()[:3] == ["specrun", "chat", "1"] and len(text.splitlines()) == 3

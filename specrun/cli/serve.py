@@ -107,9 +107,10 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--quiet", "-q", help="No per-request lines on the terminal (warnings and errors still show).")
         ] = False,
     ) -> int:
-        """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions,
-        /v1/completions, /v1/models, /health, /metrics), with speculative decoding. The KV
-        cache is kept across requests; requests run one at a time, in arrival order.
+        """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions with tool
+        calls, /v1/completions, /v1/models, /health, /metrics) and a chat page at /, with
+        speculative decoding. The KV cache is kept across requests; requests run one at a
+        time, in arrival order.
 
         Exit codes: 143 after SIGTERM, 130 after SIGINT (in-flight streams end first, with
         finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
@@ -158,6 +159,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
         view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.draft}), context {pair.target.n_ctx}", style="dim")
         view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
+        view.print(f"specrun: chat page at http://{url_host}:{port}/", style="dim")
         warning = exposure_warning(where, key)
         if warning:
             view.print(f"specrun: {warning}", style="bold yellow")

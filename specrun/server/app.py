@@ -5,13 +5,17 @@ Routes (also without the ``/v1`` prefix, for clients configured that way):
 * ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` true: server-sent
   events, ``data: [DONE]`` last);
 * ``GET /v1/models``, ``GET /v1/models/{id}``;
-* ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key.
+* ``GET /health`` and ``GET /metrics`` (Prometheus), open even with an API key;
+* ``GET /``: the chat page (``page/``, static files; it calls the routes above with the key
+  the user types in, and nothing but this origin).
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
-400 malformed JSON or a request that cannot be served (``n > 1``, a prompt longer than the
-context), 401 a missing or wrong key, 404 an unknown model or route, 413 a body over
-``max_body``, 422 a field of the wrong type or out of range, 429 the queue is full (with
-``Retry-After``), 503 the server is stopping. Messages name the JSON field, never a flag.
+400 a body that is not a JSON object as OpenAI requests are (not UTF-8, nested deeper than
+64 levels, NaN, numbers past 64 bits, lone surrogates: see body.py) or a request that cannot
+be served (``n > 1``, a prompt longer than the context, tools for a template without them),
+401 a missing or wrong key, 404 an unknown model or route, 413 a body over ``max_body``, 422
+a field of the wrong type or out of range, 429 the queue is full (with ``Retry-After``), 503
+the server is stopping. Messages name the JSON field, never a flag.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
@@ -38,7 +43,9 @@ from ..sampling import Sampler
 from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
-from ..template import render_chat
+from ..template import TemplateError, render_chat, renders_tools
+from ..toolcalls import CallDelta, ToolCallParser, parse_tool_calls, tool_format
+from .body import load_object
 from .host import Busy, Host, Job, Request, ShuttingDown, Start
 from .metrics import CONTENT_TYPE, Metrics
 from .schemas import ApiError, ChatRequest, CompletionRequest, param_of
@@ -113,6 +120,36 @@ def usage(start: Start, s: RunStats) -> dict:
     }
 
 
+# the chat page (specrun/server/page): static files, served as they are
+PAGE_FILES = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8", "page.css": "text/css; charset=utf-8"}
+# the page talks to this origin only: scripts, styles and fetches from here, nothing else, no framing
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def _page(name: str) -> Response:
+    body = resources.files("specrun.server").joinpath("page").joinpath(name).read_bytes()
+    headers = {"Content-Security-Policy": PAGE_POLICY, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+               "Cache-Control": "no-cache"}  # fmt: skip
+    return Response(body, media_type=PAGE_FILES[name], headers=headers)
+
+
+def drafted(event: Event, spans: bool = True) -> dict:
+    """specrun's extension of a stream chunk (``stream_options.include_drafts``): the chunk's
+    text as runs of ``[text, source]`` (source "model" or "ngram" for text from accepted drafts,
+    null for the target's own tokens; the texts join to the chunk's content), and the request's
+    statistics so far."""
+    s = event.stats
+    out: dict[str, Any] = {"spans": [[text, source] for text, source in event.segments]} if spans else {}
+    out["stats"] = {
+        "generated": s.n_generated, "tok_s": round(s.generation_tps, 2), "drafted": s.n_drafted, "accepted": s.n_accepted,
+        "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in sorted(s.by_source.items())},
+    }  # fmt: skip
+    return out
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
@@ -168,6 +205,8 @@ class _TooBig(Exception):
 def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
     template = model_template(host.pair)
+    shows_tools = renders_tools(template)  # on the main thread, where the template's time limit applies
+    call_format = tool_format(template.source) if shows_tools else None
     app.add_middleware(BodyLimit, limit=served.max_body)
     key = served.api_key.encode() if served.api_key else None
 
@@ -210,13 +249,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
 
     async def parse(request: HttpRequest, model: type[_Req]) -> _Req:
         authorize(request)
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
+        data = load_object(await request.body())
         try:
             req = model.model_validate(data)
         except ValidationError as e:
@@ -239,6 +272,8 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
                 if value is not None:
                     changes[name] = value
         picks = {k: getattr(req, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed") if getattr(req, k) is not None}
+        if picks.get("seed") == -1:  # llama-server's "random"
+            picks["seed"] = None
         try:
             return dataclasses.replace(served.settings, **changes), dataclasses.replace(served.sampler, **picks)
         except UsageError as e:
@@ -293,6 +328,16 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
             body["notices"] = list(start.notices)
         return JSONResponse(body, headers=headers)
 
+    @app.get("/", include_in_schema=False)
+    async def page_index():
+        return _page("index.html")
+
+    @app.get("/page/{name}", include_in_schema=False)
+    async def page_file(name: str):
+        if name not in PAGE_FILES or name == "index.html":
+            raise ApiError(404, f"no page file {name!r}", None, "not_found")
+        return _page(name)
+
     @app.get("/health")
     async def health():
         if host.stopping:
@@ -329,11 +374,26 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         req = await parse(request, ChatRequest)
         settings, sampler = drafting(req)
         limit, limit_field = req.limit()
+        tools = req.calling()
+        if tools is not None and call_format is None:
+            why = "does not show tools to the model" if not shows_tools else "writes tool calls in a format specrun does not read"
+            raise ApiError(
+                400,
+                f"model {served.name!r} cannot call tools: its chat template {why} (specrun reads Hermes/Qwen <tool_call> and "
+                'Llama 3 JSON calls); send no tools (or tool_choice "none"), or serve a model whose template has tool calls',
+                "tools", "tools_not_supported",
+            )  # fmt: skip
         # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
-        text = render_chat(template, req.conversation(), host.warn)
+        try:
+            text = render_chat(template, req.conversation(), host.warn, tools=tools)
+        except TemplateError as e:  # only with tools: without, the plain format stands in
+            raise ApiError(400, f"model {served.name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
         add_special = not (template.bos_token and text.startswith(template.bos_token))
         r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
-        return await run(request, r, req.stream, _Shape("chat", served.name, req.include_usage))
+        names = frozenset(t["function"]["name"] for t in tools or ())
+        shape = _Shape("chat", served.name, req.include_usage, call_format if tools else None, names, req.parallel_tool_calls is not False,
+                       req.include_drafts)  # fmt: skip
+        return await run(request, r, req.stream, shape)
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -344,7 +404,8 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         ids = () if text is not None else tuple(int(t) for t in req.prompt)
         r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
                     prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
-        return await run(request, r, req.stream, _Shape("completion", served.name, req.include_usage))
+        shape = _Shape("completion", served.name, req.include_usage, drafts=req.include_drafts)
+        return await run(request, r, req.stream, shape)
 
     return app
 
@@ -371,6 +432,10 @@ class _Shape:
     kind: str
     model: str
     include_usage: bool
+    tools: str | None = None  # the tool-call format to read from the reply (None: no tools offered)
+    names: frozenset[str] = frozenset()  # the tools offered
+    parallel: bool = True  # False: only the first call is kept (``parallel_tool_calls``)
+    drafts: bool = False  # stream_options.include_drafts: chunks carry a "specrun" object (see drafted())
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -381,26 +446,52 @@ class _Shape:
 
     def whole(self, text: str, last: Event, start: Start) -> dict:
         reason = finish_reason(last.finish_reason)
-        if self.kind == "chat":
+        if self.kind == "chat" and self.tools:
+            content, calls = parse_tool_calls(self.tools, text, self.names)
+            calls = calls if self.parallel else calls[:1]
+            message: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
+            if calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+                ]
+                reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        elif self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head(False), "choices": [choice], "usage": usage(start, last.stats), "timings": timings(last.stats)}
 
-    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> dict:
+    def chunk(
+        self, text: str | None, reason: str | None = None, role: bool = False, call: CallDelta | None = None, event: Event | None = None
+    ) -> dict:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if call is not None:
+                delta = {"tool_calls": [call.to_openai()]}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
         out = {**self._head(True), "choices": [choice]}
         if self.include_usage:
             out["usage"] = None
+        if self.drafts and event is not None:
+            out["specrun"] = drafted(event, spans=text is not None and call is None and not self.tools)
         return out
 
 
 async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, api_error) -> AsyncIterator[bytes]:
     """The SSE stream; leaving early (the client went away, the server stops) cancels the job."""
+    calls = ToolCallParser(shape.tools, shape.names) if shape.tools else None
+
+    def pieces(items: list[str | CallDelta], event: Event) -> list[bytes]:
+        """Content and tool-call deltas as chunks (with ``parallel_tool_calls`` false, the first call only)."""
+        return [
+            _sse(shape.chunk(item, event=event) if isinstance(item, str) else shape.chunk(None, call=item, event=event))
+            for item in items
+            if isinstance(item, str) or shape.parallel or item.index == 0
+        ]
+
     try:
         if shape.kind == "chat":
             yield _sse(shape.chunk(None, role=True))
@@ -411,15 +502,25 @@ async def _events(inbox: asyncio.Queue, job: Job, start: Start, shape: _Shape, a
                 return
             event: Event = payload
             if event.finish_reason is None:
-                if event.text:
-                    yield _sse(shape.chunk(event.text))  # resumes once the chunk has been sent
+                if calls is not None:
+                    out = pieces(calls.feed(event.text), event)
+                else:
+                    out = [_sse(shape.chunk(event.text, event=event))] if event.text else []
+                for piece in out:
+                    yield piece  # resumes once the chunk has been sent
                 job.delivered()
                 continue
-            last = shape.chunk(event.text or None, finish_reason(event.finish_reason))
+            reason = finish_reason(event.finish_reason)
+            if calls is not None:
+                for piece in pieces(calls.feed(event.text) + calls.finish(), event):
+                    yield piece
+                reason = "tool_calls" if calls.calls and reason == "stop" else reason
+                event = dataclasses.replace(event, text="")
+            last = shape.chunk(event.text or None, reason, event=event)
             last["timings"] = timings(event.stats)
             if event.text and shape.kind == "chat":  # the held-back tail, then the finish on its own
-                yield _sse(shape.chunk(event.text))
-                last = {**last, "choices": [{**last["choices"][0], "delta": {}}]}
+                yield _sse(shape.chunk(event.text, event=event))
+                last = {**shape.chunk(None, reason, event=event), "timings": last["timings"]}
             yield _sse(last)
             if shape.include_usage:
                 yield _sse({**shape._head(True), "choices": [], "usage": usage(start, event.stats)})

@@ -50,6 +50,7 @@ from .schemas import ApiError
 __all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
 
 MAX_ENGINES = 8  # distinct per-request settings kept warm (each has its own controller)
+LONG_TEXT_CHARS = 32_768  # a prompt text longer than this is counted in pieces before it is tokenized whole
 ACK_WAIT_S = 0.05  # longest wait for a streaming reader to send an event on (a slow client is not waited for)
 
 
@@ -127,6 +128,16 @@ class _Past:
 
     text: str
     tokens: tuple[int, ...]
+
+
+def _too_long(size: str, n_ctx: int, where: str) -> ApiError:
+    return ApiError(
+        400,
+        f"the prompt has {size} but the context holds {n_ctx}, with no room for a reply: "
+        "shorten the prompt, or restart the server with a larger --ctx",
+        where,
+        "context_length_exceeded",
+    )
 
 
 def _engine_key(settings: Settings, sampler: Sampler) -> tuple[Settings, Sampler]:
@@ -238,13 +249,7 @@ class Host:
             tokens, text = self._prompt(req)
             n_ctx = self.pair.target.n_ctx
             if len(tokens) >= n_ctx:
-                raise ApiError(
-                    400,
-                    f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, with no room for a reply: "
-                    "shorten the prompt, or restart the server with a larger --ctx",
-                    req.prompt_field,
-                    "context_length_exceeded",
-                )
+                raise _too_long(f"{len(tokens)} tokens", n_ctx, req.prompt_field)
             room = n_ctx - len(tokens)
             limit = room if req.max_tokens is None else min(req.max_tokens, room)
             notices: tuple[str, ...] = ()
@@ -328,11 +333,34 @@ class Host:
         past = self.past.get(req.kind)
         if past is not None and len(text) > len(past.text) and text.startswith(past.text):
             # the previous request's text, extended: keep its tokens, tokenize only the new text
+            self._check_length(text[len(past.text) :], len(past.tokens), req.prompt_field)
             return list(past.tokens) + target.tokenize(text[len(past.text) :], add_special=False, parse_special=True), text
+        self._check_length(text, 0, req.prompt_field)
         tokens = target.tokenize(text, add_special=req.add_special, parse_special=True)
         if not tokens:
             raise ApiError(400, "the prompt is empty", req.prompt_field)
         return tokens, text
+
+    def _check_length(self, text: str, n_before: int, where: str) -> None:
+        """Refuse a text far too long for the context before tokenizing it whole: llama.cpp's
+        tokenizer splits the text at every special token it holds, copying the rest each time,
+        so a few MB of ``<|im_start|>`` turns would take minutes. The text is counted in
+        pieces cut at line ends, stopping once the count is surely past the context (a cut
+        adds at most a token or two to the count)."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return
+        n_ctx, tokenize = self.pair.target.n_ctx, self.pair.target.tokenize
+        n, pos, pieces = n_before, 0, 0
+        while pos < len(text):
+            end = min(len(text), pos + LONG_TEXT_CHARS)
+            if end < len(text):
+                cut = text.rfind("\n", pos + 1, end)
+                end = cut if cut > pos else end
+            n += len(tokenize(text[pos:end], add_special=False, parse_special=True))
+            pieces += 1
+            pos = end
+            if n > n_ctx + 4 * pieces:
+                raise _too_long(f"over {n - 4 * pieces} tokens", n_ctx, where)
 
     def _remember(self, req: Request, text: str | None, tokens: list[int], out: list[int], reply: str, reason: str | None) -> None:
         if text is None:

@@ -1,20 +1,23 @@
 """Request bodies as pydantic models, and the OpenAI-shaped error.
 
 A field of the wrong type or out of range fails validation with the field's JSON path
-(``param``); a request that is well-formed but cannot be served (``n > 1``, tools, a prompt
-longer than the context) is refused by the handler with the field it is about. Fields
-that OpenAI clients send routinely and that change nothing here (``user``, ``store``,
-``metadata``...) are accepted and ignored; fields that would change the answer and are not
-implemented are refused out loud, never silently dropped.
+(``param``); a request that is well-formed but cannot be served (``n > 1``, a prompt longer
+than the context, tools for a template that has none) is refused by the handler with the
+field it is about. Fields that OpenAI clients send routinely and that change nothing here
+(``user``, ``store``, ``metadata``...) are accepted and ignored; fields that would change
+the answer and are not implemented are refused out loud, never silently dropped.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
+
+MAX_STOP_CHARS = 1000  # a stop string is held back while the text could be its start: keep that short
 
 
 class ApiError(Exception):
@@ -48,6 +51,7 @@ class Speculative(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    include_drafts: bool = False  # specrun's: each chunk says which of its text came from accepted drafts (docs/serve.md)
 
 
 class ContentPart(_Body):
@@ -55,10 +59,60 @@ class ContentPart(_Body):
     text: Optional[str] = None
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"  # JSON text, as OpenAI sends it (an object is taken too)
+
+
+class ToolCallIn(_Body):
+    """A call the assistant made, sent back in the history."""
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Body):
+    name: str = Field(min_length=1, max_length=128)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def for_template(self) -> dict:
+        """OpenAI's tool object, as chat templates iterate over it."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True, exclude={"strict"})}
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+
+    def for_template(self, where: str) -> dict:
+        """The message as chat templates take it: ``developer`` is the newer ``system``; a
+        call's arguments are an object (templates write them with ``tojson``)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for i, c in enumerate(self.tool_calls)
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     def text(self, where: str) -> str:
         """The message's text; parts other than text are refused (no vision here)."""
@@ -76,6 +130,17 @@ class Message(_Body):
         return "".join(out)
 
 
+def _arguments(arguments: str | dict) -> Any:
+    """A call's arguments as an object when they are JSON text of one, else as given."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
 class _Generation(_Body):
     """What chat and completion requests share."""
 
@@ -85,7 +150,7 @@ class _Generation(_Body):
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0, description="llama.cpp's extra; 0 disables")
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0, description="llama.cpp's extra; 0 disables")
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-1, description="-1 or absent: a fresh random seed (as in llama-server)")
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -105,6 +170,9 @@ class _Generation(_Body):
         items = [self.stop] if isinstance(self.stop, str) else self.stop
         if len(items) > 16:
             raise ApiError(400, f"at most 16 stop strings, got {len(items)}", "stop")
+        longest = max((len(s) for s in items), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ApiError(400, f"a stop string has {longest} characters; at most {MAX_STOP_CHARS}", "stop")
         return [s for s in items if s]
 
     def check_unsupported(self) -> None:
@@ -123,12 +191,17 @@ class _Generation(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def include_drafts(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_drafts)
+
 
 class ChatRequest(_Generation):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1, description="the newer name of max_tokens")
-    tools: Optional[list[Any]] = None
-    tool_choice: Union[str, dict, None] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
     response_format: Optional[dict[str, Any]] = None
 
     def limit(self) -> tuple[int | None, str]:
@@ -139,19 +212,23 @@ class ChatRequest(_Generation):
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
-        if self.tools and self.tool_choice != "none":
-            raise ApiError(400, 'tool calling is not supported by this server (send no tools, or tool_choice "none")', "tools")
+        if self.tool_choice is not None and self.tool_choice not in ("none", "auto"):
+            what = repr(self.tool_choice) if isinstance(self.tool_choice, str) else "naming a function"
+            raise ApiError(400, f'tool_choice {what} is not supported: send "auto" (the model decides) or "none"', "tool_choice")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise ApiError(
                 400, f'response_format {self.response_format.get("type")!r} is not supported (only "text")', "response_format.type"
             )
 
     def conversation(self) -> list[dict]:
-        """Messages as the chat template takes them (``developer`` is the newer ``system``)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text(f"messages[{i}]")}
-            for i, m in enumerate(self.messages)
-        ]
+        """Messages as the chat template takes them."""
+        return [m.for_template(f"messages[{i}]") for i, m in enumerate(self.messages)]
+
+    def calling(self) -> list[dict] | None:
+        """The tools the model may call (None: none, or ``tool_choice`` "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.for_template() for t in self.tools]
 
 
 class CompletionRequest(_Generation):
