@@ -101,8 +101,9 @@ def require_file(r: Resolved) -> Resolved:
 
 def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: Settings) -> tuple[Resolved, Resolved | None, Settings]:
     """The target and draft files for these names, and the settings as they apply: hybrid
-    drafts with the target's own MTP heads when it has them and no draft model is named (they
-    are its best free draft), and is the n-gram lookup alone with neither at hand. ``{draft}
+    drafts with the target's own MTP heads when it has them (its best free draft; the chooser
+    weighs them against a draft model named or registered beside them), and is the n-gram
+    lookup alone with neither at hand. ``{draft}
     mtp`` on a target without heads is refused here, from its header, before anything loads."""
     target = require_file(reg.resolve(model))
     heads = heads_of(model_info(target.path))
@@ -117,8 +118,6 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
         if draft_model:
             raise UsageError("{draft} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {draft} hybrid", "draft")
         return target, None, settings
-    if settings.draft == "hybrid" and heads.usable and not draft_model:
-        return target, None, settings  # the heads take the draft model's place
     draft = None
     if "model" in settings.sources:
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
@@ -131,12 +130,12 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
                 )
         else:
             draft = require_file(d)
-    return target, draft, settings if draft is not None else settings.without_draft_model()
+    return target, draft, settings if draft is not None else settings.without_draft_model(heads.usable)
 
 
 def uses_heads(target: Path, settings: Settings, draft: Path | None) -> bool:
     """Will these settings draft with the target's own MTP heads (so they must be loaded)?"""
-    return settings.draft == "mtp" or (settings.draft == "hybrid" and draft is None and heads_of(model_info(target)).usable)
+    return "mtp" in settings.sources and heads_of(model_info(target)).usable
 
 
 def _no_heads(h: Heads) -> str:

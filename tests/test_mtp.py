@@ -318,14 +318,15 @@ def test_draft_mtp_with_a_draft_model_is_refused(mtp, tiny, capsys):
     assert "drafts with the target's own heads alone" in err and "--draft hybrid" in err
 
 
-def test_hybrid_takes_the_heads_unless_a_draft_model_is_named(mtp, tiny):
-    """From the headers alone: the default mode drafts with the heads when no draft model is
-    named, with the named one otherwise; a file without heads falls back to the n-gram lookup."""
+def test_hybrid_takes_the_heads_and_a_named_draft_model_beside_them(mtp, tiny):
+    """From the headers alone: the default mode loads the heads whenever the target has them,
+    and a named draft model beside them (the chooser weighs both); a file without heads falls
+    back to the n-gram lookup."""
     reg = Registry.load()
     hybrid = Settings("hybrid")
     t, d, s = resolve_pair(reg, str(mtp["mtp"]), None, hybrid)
     assert d is None and s.draft == "hybrid" and uses_heads(t.path, s, None)
     t, d, s = resolve_pair(reg, str(mtp["mtp"]), str(tiny["target"]), hybrid)
-    assert d is not None and d.path == tiny["target"] and not uses_heads(t.path, s, d.path)
+    assert d is not None and d.path == tiny["target"] and s.draft == "hybrid" and uses_heads(t.path, s, d.path)
     t, d, s = resolve_pair(reg, str(mtp["mtp-stripped"]), None, hybrid)
     assert d is None and s.draft == "ngram" and not uses_heads(t.path, s, None)
