@@ -251,6 +251,26 @@ def test_hybrid_chooses_among_ngram_and_the_heads(target, plain):
         assert set(stats.by_source) <= {"mtp", "ngram", "none"}
 
 
+def test_hybrid_weighs_the_heads_and_a_draft_model_together(target, mtp, plain):
+    """With heads and a draft model, the default mode has all three sources before it, each
+    learning from every round, and its output is plain decoding's."""
+    s = Settings("hybrid", draft_max=K)
+    draft = load(mtp["mtp-stripped"], heads=False)  # the same trunk without heads: a draft model that agrees often
+    try:
+        for prompt in PROMPTS[:2]:
+            target.reset()
+            e = Engine(target, draft, s, Sampler(0.0), CostModel(), heads=target.heads)
+            assert list(e.sources) == ["ngram", "mtp", "model"]
+            out, stats = [], None
+            for step in e.generate(target.tokenize(prompt), N_TOKENS):
+                out += step.tokens
+                stats = step.stats
+            assert out == plain[prompt]
+            assert set(stats.by_source) <= {"mtp", "ngram", "model", "none"}
+    finally:
+        draft.close()
+
+
 def test_chat_turns_keep_the_heads_in_step(target, fresh):
     """A second turn extends the sequence (the cache keeps the first): the heads go on from
     where they were, and both turns match plain decoding's."""
