@@ -12,6 +12,7 @@ target's own, and rolls the caches back so the invariant holds again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Generator
 from typing import TYPE_CHECKING
@@ -273,9 +274,12 @@ class Engine:
         if todo:
             self.target.eval(todo, logits="none")
         for src in self.sources.values():
-            src.begin(prompt, self.settings.fixed or self.chooser.could_pay(src, self.settings.k_max))
+            src.begin(prompt, functools.partial(self._may_draft, src))
         self.tokens = list(prompt)
         return len(todo) + 1  # the pending last token is evaluated by the first round
+
+    def _may_draft(self, src: Source) -> bool:
+        return self.settings.fixed or self.chooser.could_pay(src, self.settings.k_max)
 
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream (a request's own seed, say); the draft model shares it."""

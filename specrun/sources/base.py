@@ -12,6 +12,7 @@ is tried now and then and one that is known to lose is not, with no separate pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -76,11 +77,16 @@ class RateTable:
         return out
 
     def draws(self, rng: np.random.Generator | None, scale: float) -> list[float]:
-        means = self.means()
+        """One draw of every bin (the means, without ``rng``). A bin leans on the *draw* of the
+        one before it, so a hopeful draw where data ends carries on past it: a source that may
+        be good gets tried at length, not one token at a time."""
         if rng is None or scale <= 0:
-            return means
-        priors = [self.first_prior, *means[:-1]]
-        return [r.draw(p, rng, scale) for r, p in zip(self.bins, priors)]
+            return self.means()
+        out, prior = [], self.first_prior
+        for r in self.bins:
+            prior = min(1.0, max(0.0, r.draw(prior, rng, scale)))
+            out.append(prior)
+        return out
 
     def decay(self) -> None:
         for r in self.bins:
@@ -121,8 +127,9 @@ class Source(Protocol):
 
     name: str
 
-    def begin(self, prompt: list[int], may_draft: bool) -> None:
-        """A new prompt (its last token pending); ``may_draft``: the chooser might use it."""
+    def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
+        """A new prompt (its last token pending); ``may_draft()``: could the chooser ever use
+        it (asked once the source knows its own costs)?"""
 
     def prepare(self, tokens: list[int], room: int) -> int:
         """Get ready to draft after ``tokens``; the most tokens it can offer this round."""

@@ -20,6 +20,7 @@ the rejected guesses, evaluating what is new) in one batch, then drafts one toke
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -172,17 +173,18 @@ class ModelSource(Autoregressive):
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft
 
-    def begin(self, prompt: list[int], may_draft: bool) -> None:
-        """Prefill the cache as the target's, if it may draft: its first draft need not catch
-        up the whole prompt. Measure its per-token cost if nothing has yet."""
-        if not may_draft:
+    def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
+        """Measure its per-token cost if nothing has yet; then, if it could ever pay
+        (``may_draft``), prefill the cache as the target's, so that its first draft need not
+        catch up the whole prompt."""
+        if self.per_token is None and self.model.n_past < self.model.n_ctx:
+            self.per_token = self.measure_token_cost(prompt[-1])
+        if not may_draft():
             return
         n = common_prefix(self.model.tokens, prompt, limit=len(prompt) - 1)
         self.model.rollback(n)
         if prompt[n:-1]:
             self.model.eval(prompt[n:-1], logits="none")
-        if self.per_token is None and self.model.n_past < self.model.n_ctx:
-            self.per_token = self.measure_token_cost(prompt[-1])
 
     def prepare(self, tokens: list[int], room: int) -> int:
         self.lag = len(tokens) - self.model.n_past

@@ -11,6 +11,7 @@ heads are many. Posteriors, stop rule and learning are the draft model's (``mode
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,9 +31,9 @@ class MtpSource(Autoregressive):
         super().__init__(sampler, rng, n_vocab, cost, min(k_max, heads.max_draft or k_max))
         self.heads = heads
 
-    def begin(self, prompt: list[int], may_draft: bool) -> None:
+    def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         """The heads follow the target's own prefill; measure a head step once."""
-        if may_draft and self.per_token is None and self.heads.n_past == len(prompt) - 1:
+        if self.per_token is None and self.heads.n_past == len(prompt) - 1:
             self.per_token = self.measure_token_cost(prompt[-1])
 
     def prepare(self, tokens: list[int], room: int) -> int:

@@ -11,6 +11,7 @@ every token, and a copy that starts to pay is taken up at once.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class NgramSource:
         self.copy = RateTable(len(COPY_BINS))
         self.offer = Proposal()
 
-    def begin(self, prompt: list[int], may_draft: bool) -> None:
+    def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         self.offer = Proposal()
 
     def prepare(self, tokens: list[int], room: int) -> int:
