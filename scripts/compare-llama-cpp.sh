@@ -24,7 +24,8 @@
 # ${SPECRUN_CACHE:-~/.cache/specrun}/llama.cpp-VERSION/ and is skipped when its binaries exist.
 # Environment: TARGET_GGUF, DRAFT_GGUF (default: the demo pair from scripts/fetch-demo-models.sh,
 # fetched if missing), THREADS (default: all cores), RUNS (2), N_PREDICT (128), DRAFT_MAX (4),
-# CTX (4096), NGL (99), LLAMA_CPP_VERSION (skip asking the venv), SPECRUN (the specrun executable).
+# CTX (4096), NGL (99), LLAMA_CPP_VERSION (skip asking the venv), SPECRUN (the specrun executable),
+# TARGET_F16_GGUF and CLASSES (--draft-model: the F16 target, and the bench classes to run).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -61,7 +62,7 @@ while [[ $# -gt 0 ]]; do
     --draft-model) draft_model=1 ;;
     --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; RUNS_SET=$2; shift ;;
     --runs=*) RUNS=${1#--runs=}; RUNS_SET=$RUNS ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
