@@ -227,6 +227,7 @@ class Engine:
         self.settings = settings
         self.sampler = sampler
         self.rng = sampler.rng()
+        self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.sources: dict[str, Source] = draft_sources.build(
             settings.sources,
@@ -357,7 +358,7 @@ class Engine:
                 k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.k_max))
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
                 caps = {name: src.prepare(tokens, k_room) for name, src in self.sources.items()}
-                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, min(room, remaining), self.rng)
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, min(room, remaining), self.choice_rng)
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,

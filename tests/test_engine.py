@@ -193,11 +193,10 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
     dear = {b: 0.03 * b for b in FLAT}  # verifying b tokens costs b single steps
     _, costly = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=dear)
     # (the online cost updates soon see that the tiny draft costs as much as the target, so
-    # even the cheap run drafts only for its first rounds)
-    # (a fresh process learns the true costs from its first rounds: a faster round than the stored
-    # estimate replaces it, so the cheap run stops drafting sooner than it used to)
-    assert cheap.n_drafted >= 4 and cheap.n_drafted > 4 * costly.n_drafted
-    assert costly.by_source.get("none", [0])[0] > costly.by_source.get("model", [0])[0]
+    # even the cheap run drafts only in its first rounds: once the true costs are seen, not even
+    # a perfect draft of a model as large as the target could pay)
+    assert cheap.n_drafted >= 1
+    assert costly.n_drafted == 0  # verifying b tokens at b steps: no draft could ever pay, so none is tried
 
 
 def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
@@ -213,26 +212,36 @@ def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
     assert later.sync_s == 0.0
 
 
-def test_the_draft_models_posteriors_move_with_its_rounds_and_its_stop_rule_follows_them(loaded):
-    """A draft that is the target itself is accepted at every position and is confident: its
-    position and confidence posteriors rise, and on a flat verify its stop rule drafts long. An
-    unrelated draft's fall, and its drafts stay short."""
-    target = loaded["target"]
+def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_steep_one(loaded):
+    """The stop rule on the real draft, with costs given (no timing): a confident draft that its
+    posteriors say is accepted goes on while one more token pays for its verify width; on a
+    verify as dear as plain steps, it stops at one."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.stats import RoundStats
 
-    def run(draft_name):
-        e = Engine(target, loaded[draft_name], Settings("model", draft_max=16), Sampler(0.0), CostModel(dict(FLAT)))
-        e.sources["model"].per_token = 1e-5  # drafting costs next to nothing: only acceptance decides
-        prompt = target.tokenize(PROMPTS[0])
-        stats = None
-        for step in e.generate(prompt, 96):
-            stats = step.stats
-        return e.sources["model"], stats
+    target, draft = loaded["target"], loaded["draft-copy"]
+    prompt = target.tokenize(PROMPTS[0])
 
-    good, good_stats = run("draft-copy")
-    bad, bad_stats = run("draft-unrelated")
-    assert good.positions.means()[0] > 0.9 and bad.positions.means()[0] < 0.5
-    assert sum(r.n for r in good.by_conf) > 0 and sum(r.n for r in bad.by_conf) > 0
-    good_lengths = [k for k in good_stats.draft_lengths if k]
-    assert good_lengths and max(good_lengths) >= 8
-    bad_lengths = [k for k in bad_stats.draft_lengths if k]
-    assert not bad_lengths or np.mean(bad_lengths) < np.mean(good_lengths)
+    def source(curve):
+        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(curve)), 16)
+        src.per_token = 1e-5
+        return src
+
+    flat = source(FLAT)
+    for _ in range(40):  # it has been accepted at every position it drafted
+        p = flat.propose(prompt, 16, 0.0)
+        flat.observe(
+            Outcome("model", p, len(p.tokens), p.tokens, False, RoundStats("model", len(p.tokens), len(p.tokens), 0, 0.0, 0.0, 0.0))
+        )
+    assert flat.positions.means()[0] > 0.9 and sum(r.n for r in flat.by_conf) > 0
+    worth = 1.5 / FLAT[1]  # the round's planned rate: 1.5x plain
+    assert len(flat.propose(prompt, 16, worth).tokens) >= 8
+    steep = source({b: 0.001 * b for b in FLAT})  # verifying b tokens costs b steps
+    steep.positions, steep.by_conf = flat.positions, flat.by_conf
+    assert len(steep.propose(prompt, 16, 1.0 / 0.001).tokens) == 1
+    # rejected at once, round after round: the first position's rate falls
+    for _ in range(40):
+        p = flat.propose(prompt, 4, 0.0)
+        flat.observe(Outcome("model", p, 0, [p.tokens[0] + 1], False, RoundStats("model", len(p.tokens), 0, 1, 0.0, 0.0, 0.0)))
+    assert flat.positions.means()[0] < 0.5
