@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "context", "stop_string", "interrupted")
-
 
 @dataclass(frozen=True)
 class RoundStats:
