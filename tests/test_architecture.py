@@ -147,3 +147,13 @@ def test_every_command_module_is_independent_of_the_others():
     assert len(found) >= 13
     missing = [m for m in found if m not in commands]
     assert not missing, f"{', '.join(missing)} not in 'No command imports another': {HOW_TO_FIX}"
+
+
+def test_the_architecture_page_shows_the_layers_of_the_contract():
+    page = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```\n(.*?)^```", page, re.S | re.M)
+    shown = [[m.strip() for m in re.split(r"[|:]", line)] for line in blocks[0].splitlines() if line.strip()]
+    assert shown == layers(), "docs/architecture.md's layers differ from pyproject.toml's contract: copy them over"
+    for m in package_modules():
+        short = m.removeprefix("specrun.")
+        assert f"`{short}.py`" in page or f"`{short}/`" in page, f"docs/architecture.md does not say what {m} holds"
