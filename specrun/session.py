@@ -19,7 +19,8 @@ from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
 from .memory import Dev, host_device
 from .modelinfo import ModelInfo, model_info
-from .placement import Placement, check_settings, describe, fit, plan, proposals
+from .pair import assess
+from .placement import Placement, check_settings, describe
 from .registry import Registry, Resolved
 from .rpc import parse_endpoints
 from .sampling import Sampler
@@ -178,11 +179,11 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig) -> Op
             )
     notices = []
     inv = connect(cfg)
-    placement = plan(cfg, inv, t_info, d_info)
+    a = assess(cfg, inv, t_info, d_info)
+    placement, f = a.placement, a.fit
     notices += [f"warning: {n}" for n in placement.notes]
-    f = fit(placement, inv, t_info, d_info, cfg.n_ctx)
     if not f.fits:
-        fix = "; ".join(proposal_flags(p.settings) for p in proposals(cfg, inv, t_info, d_info))
+        fix = "; ".join(proposal_flags(p.settings) for p in f.proposals)
         notices.append(
             f"warning: the models may not fit ({f.short()}); " + (f"this would: {fix}" if fix else "lower {n_ctx} or pick smaller models")
         )
