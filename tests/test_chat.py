@@ -310,7 +310,8 @@ def test_ctrl_c_before_the_first_round_stops_only_that_reply(tiny, monkeypatch, 
     from rich.console import Console
 
     from specrun.cli.chat import Repl
-    from specrun.session import PairConfig, open_pair
+    from specrun.config import PairConfig
+    from specrun.session import open_pair
 
     pair = open_pair(tiny["target"], None, PairConfig(512, 0, None, 1, False))
     try:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from big_models import GiB, big_models, gpus
 
+from specrun.config import PairConfig
 from specrun.errors import EXIT_USAGE, UsageError
 from specrun.memory import HEADROOM_FRACTION, Dev, estimate
 from specrun.pair import check_pair
 from specrun.placement import PlacementSettings, fit, parse_device_list, parse_tensor_split, plan
-from specrun.session import PairConfig
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 

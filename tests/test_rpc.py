@@ -30,11 +30,12 @@ import pytest
 from serve_helpers import Server
 
 from specrun import rpc
+from specrun.config import PairConfig
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, UsageError, WorkerMismatch, WorkerUnreachable
 from specrun.memory import Dev, layer_devices
 from specrun.modelinfo import model_info
 from specrun.placement import plan
-from specrun.session import PairConfig, cost_key
+from specrun.session import cost_key
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 GiB = 1 << 30

@@ -531,7 +531,9 @@ def test_demo_pair_through_serve_matches_plain_generate(demo, tmp_path):
         assert status == 200 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r["usage"]["prompt_tokens"]
     finally:
         assert s.stop() == 143
-    from specrun.session import PairConfig, chat_prompt, open_pair
+    from specrun.config import PairConfig
+    from specrun.prompt import chat_prompt
+    from specrun.session import open_pair
 
     pair = open_pair(demo["target"], None, PairConfig(n_ctx=2048, threads=2))
     try:

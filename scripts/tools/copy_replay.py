@@ -27,12 +27,14 @@ import sys
 from pathlib import Path
 
 from specrun.bench import load_prompts
+from specrun.config import PairConfig
 from specrun.control import Controller, CopyModel, CostModel
 from specrun.costs import CostStore, Learned
 from specrun.drafters import NgramDrafter, common_prefix
 from specrun.engine import Engine, Settings
+from specrun.prompt import chat_prompt
 from specrun.sampling import Sampler
-from specrun.session import PairConfig, chat_prompt, open_pair
+from specrun.session import open_pair
 from specrun.stream import stream_generate
 
 MODELS = Path.home() / ".cache/specrun/models"

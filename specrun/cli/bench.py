@@ -15,8 +15,9 @@ from ..costs import CostModel, Learned
 from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
 from ..engine import Settings
 from ..errors import UsageError
+from ..prompt import chat_prompt
 from ..sampling import Sampler
-from ..session import chat_prompt, cost_store, load_costs
+from ..session import cost_store, load_costs
 from .common import load_pair, print_json, stderr, stdout
 from .options import LOADING, Options, shared
 

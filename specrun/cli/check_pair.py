@@ -9,8 +9,8 @@ import typer
 from ..discovery import drafts_for
 from ..display import drafts_table, pair_table
 from ..errors import EXIT_FAIL
+from ..inventory import remote_devices
 from ..pair import check_pair
-from ..session import remote_devices
 from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
 from .options import PLACEMENT, Options, long_flag, shared
 

@@ -34,8 +34,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Settings
 from ..errors import SpecrunError, UsageError
+from ..prompt import model_template
 from ..sampling import Sampler
-from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
 from ..template import render_chat
