@@ -9,6 +9,11 @@
 #                                               # (ngram-simple, -map-k, -map-k4v, -mod, -cache) on the bench's
 #                                               # code-edit and summarise prompts, RUNS (default 3) runs each,
 #                                               # alternated, medians (scripts/tools/compare_ngram.py)
+#   scripts/compare-llama-cpp.sh --draft-model  # the draft model where it pays: the memory-bound F16 target
+#                                               # (scripts/fetch-demo-models.sh --f16) against
+#                                               # llama-speculative-simple --spec-type draft-simple at its
+#                                               # defaults and at n-max 4, 8 and 16; specrun's default and
+#                                               # --draft model; code-gen, explain and chat prompts, RUNS (3)
 #
 # llama.cpp is built from the llama-cpp-python sdist of the version installed in specrun's venv
 # (vendor/llama.cpp), so both tools run the same kernels. The build (several minutes, once) goes to
@@ -41,11 +46,13 @@ PROMPT=$'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|
 build_only=0
 plain=0
 ngram=0
+draft_model=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build-only) build_only=1 ;;
     --plain) plain=1 ;;
     --ngram) ngram=1 ;;
+    --draft-model) draft_model=1 ;;
     --runs) [[ $# -ge 2 ]] || { echo "error: --runs needs a number" >&2; exit 2; }; RUNS=$2; RUNS_SET=$2; shift ;;
     --runs=*) RUNS=${1#--runs=}; RUNS_SET=$RUNS ;;
     -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -105,9 +112,9 @@ build_llama_cpp() {
   local src="$dest/src/vendor/llama.cpp"
   [[ -f "$src/CMakeLists.txt" ]] || { echo "error: $tarball has no vendor/llama.cpp" >&2; exit 1; }
 
-  # Server, app and tests are off: llama-cli needs the whole server in recent versions and is optional.
+  # App and tests are off; the server is on (llama-server is the serving anchor, and llama-cli needs it).
   local args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF)
   # Without AMX kernels, as scripts/install.sh builds specrun's llama.cpp (they fault in some VMs),
   # so both tools run the same kernels.
   if [[ "$(uname -m)" == x86_64 && "${SPECRUN_AMX:-0}" != 1 ]]; then
@@ -126,7 +133,7 @@ build_llama_cpp() {
 
   local available targets=() t
   available=$(cmake --build "$dest/build" --target help 2>/dev/null || true)
-  for t in llama-speculative-simple llama-bench llama-cli; do
+  for t in llama-speculative-simple llama-bench llama-quantize llama-server llama-cli; do
     if grep -Eq "(^|[ .])$t(:|\$| )" <<<"$available"; then targets+=("$t")
     elif [[ $t == llama-cli ]]; then echo "note: no llama-cli target in this configuration (optional, skipped)"
     else echo "error: llama.cpp $version has no target $t" >&2; exit 1
@@ -142,12 +149,21 @@ build_llama_cpp() {
   echo "built llama.cpp $version in $((SECONDS - start)) s: $bin"
 }
 
-if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" ]]; then
+if [[ -x "$bin/llama-speculative-simple" && -x "$bin/llama-bench" && -x "$bin/llama-quantize" && -x "$bin/llama-server" ]]; then
   echo "llama.cpp $version already built: $bin"
 else
   build_llama_cpp
 fi
 [[ $build_only == 1 ]] && exit 0
+
+if [[ $draft_model == 1 ]]; then
+  [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }
+  f16="${TARGET_F16_GGUF:-$models_dir/qwen2.5-coder-1.5b-instruct-f16.gguf}"
+  [[ -f "$f16" ]] || { echo "error: no F16 target at $f16; make it with scripts/fetch-demo-models.sh --f16" >&2; exit 1; }
+  exec "$venv_python" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$f16" --draft "$DRAFT_GGUF" \
+    --classes "${CLASSES:-code-gen,explain,chat}" --types draft-simple,draft-simple@4,draft-simple@8,draft-simple@16 \
+    --specrun-modes model --runs "${RUNS_SET:-3}" -t "$THREADS"
+fi
 
 if [[ $ngram == 1 ]]; then
   [[ -x "$venv_python" ]] || { echo "error: no python with specrun installed; run scripts/install.sh first" >&2; exit 1; }

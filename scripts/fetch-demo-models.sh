@@ -5,6 +5,9 @@
 #   scripts/fetch-demo-models.sh            # the demo pair (Qwen2.5-Coder 1.5B target, 0.5B draft)
 #   scripts/fetch-demo-models.sh --all      # also SmolLM2-135M and Gemma-3-270M (other families)
 #   scripts/fetch-demo-models.sh NAME...    # only these (qwen-1.5b qwen-0.5b smollm2 gemma3)
+#   scripts/fetch-demo-models.sh --f16      # also the memory-bound bench target: the demo target
+#                                           # requantized to F16 (3.6 GB) and Q8_0 (1.9 GB) by llama.cpp's
+#                                           # llama-quantize, built by scripts/compare-llama-cpp.sh --build-only
 #
 # Files land in ${SPECRUN_MODELS_DIR:-~/.cache/specrun/models}. A file that already verifies
 # is not downloaded again. Needs python3 with pip; works on Linux, WSL2 and macOS.
@@ -71,11 +74,48 @@ PY
   echo "ok       $file ($(du -h "$dest" | cut -f1))"
 )
 
+# Requantized from the demo target: name | file | sha256 | llama-quantize type. The sha256 is of
+# what llama-quantize of llama-cpp-python 0.3.36's llama.cpp writes (it is deterministic).
+derived=(
+  "qwen-1.5b-f16|qwen2.5-coder-1.5b-instruct-f16.gguf|F16_SHA|F16"
+  "qwen-1.5b-q8|qwen2.5-coder-1.5b-instruct-q8_0.gguf|Q8_SHA|Q8_0"
+)
+
+requantize() (
+  local file=$1 sha=$2 type=$3
+  local dest="$models_dir/$file" src="$models_dir/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+  if [[ -f "$dest" ]] && [[ "$(sha256_of "$dest")" == "$sha" ]]; then
+    echo "ok       $file (already verified)"
+    return 0
+  fi
+  local quantize
+  quantize=$(find "${SPECRUN_CACHE:-$HOME/.cache/specrun}" -maxdepth 4 -path '*/build/bin/llama-quantize' -type f 2>/dev/null | head -n 1)
+  if [[ -z "$quantize" ]]; then
+    echo "error: no llama-quantize; build it with scripts/compare-llama-cpp.sh --build-only" >&2
+    exit 1
+  fi
+  echo "writing  $file (llama-quantize --allow-requantize ... $type)"
+  local tmp="$dest.partial"
+  "$quantize" --allow-requantize "$src" "$tmp" "$type" >"$models_dir/.quantize-$type.log" 2>&1 || {
+    tail -n 5 "$models_dir/.quantize-$type.log" >&2; rm -f "$tmp"; echo "error: llama-quantize failed" >&2; exit 1; }
+  local got
+  got=$(sha256_of "$tmp")
+  if [[ "$got" != "$sha" ]]; then
+    rm -f "$tmp"
+    echo "error: $file has sha256 $got, expected $sha (another llama.cpp version?); nothing was kept" >&2
+    exit 1
+  fi
+  mv -f "$tmp" "$dest"
+  echo "ok       $file ($(du -h "$dest" | cut -f1))"
+)
+
 want=()
+f16=0
 case "${1:-}" in
   "") want=(qwen-1.5b qwen-0.5b) ;;
   --all) want=(qwen-1.5b qwen-0.5b smollm2 gemma3) ;;
-  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --f16) want=(qwen-1.5b qwen-0.5b); f16=1 ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) want=("$@") ;;
 esac
 
@@ -94,4 +134,10 @@ for w in "${want[@]}"; do
     exit 2
   fi
 done
+if [[ $f16 == 1 ]]; then
+  for entry in "${derived[@]}"; do
+    IFS='|' read -r _ file sha type <<<"$entry"
+    requantize "$file" "$sha" "$type"
+  done
+fi
 echo "models are in $models_dir"

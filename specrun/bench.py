@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .control import CostModel
+from .costs import CostModel
 from .engine import DRAFT_MODES, Engine, Settings
 from .errors import InputError, UsageError
 from .sampling import Sampler
@@ -165,6 +165,7 @@ class BenchResult:
     cost: CostModel
     plain_cost: float
     meta: dict = field(default_factory=dict)
+    draft_per_token: float | None = None  # the draft model's measured seconds per drafted token
 
     def summaries(self) -> dict[str, dict[str, ModeSummary]]:
         """class -> mode -> summary, plus an "overall" class."""
@@ -186,7 +187,7 @@ class BenchResult:
     def predicted_speedup(self, mode: str) -> float:
         """What the measured cost model predicts for the rounds this mode actually ran."""
         t_pred, n_tok = 0.0, 0
-        d = self.cost.draft_per_token or 0.0
+        d = self.draft_per_token or 0.0
         for s in self.samples:
             if s.mode != mode:
                 continue
@@ -223,8 +224,8 @@ class BenchResult:
             "cost_model": {
                 "verify_s_by_batch": {str(b): round(v, 6) for b, v in curve.items()},
                 "verify_relative": {str(b): round(v / c1, 3) for b, v in curve.items()},
-                "draft_s_per_token": self.cost.draft_per_token,
-                "draft_relative": round(self.cost.draft_per_token / c1, 3) if self.cost.draft_per_token else None,
+                "draft_s_per_token": self.draft_per_token,
+                "draft_relative": round(self.draft_per_token / c1, 3) if self.draft_per_token else None,
                 # a perfect drafter: every round verifies the batch with the best tokens per second
                 "perfect_drafter_speedup": round(max(b * c1 / v for b, v in curve.items()), 3) if curve else None,
             },
@@ -307,4 +308,5 @@ def run_bench(
                 if on_sample:
                     on_sample(sample)
     plain_cost = cost.verify_cost(1)
-    return BenchResult(all_modes, samples, cost, plain_cost)
+    draft_cost = next((e.draft_cost() for e in engines.values() if e.draft_cost() is not None), None)
+    return BenchResult(all_modes, samples, cost, plain_cost, draft_per_token=draft_cost)

@@ -12,36 +12,41 @@ every round refines it:
   that were verified have moved from it (interpolated between the nearest ones), and is never
   dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
   busy machine, heals from the sizes in use;
-* ``optimistic(b)`` is the least a not-yet-verified size could cost: a batch costs at least
-  what a smaller batch verified in this process costs. The controller uses it to explore, now
-  and then, a longer draft that the stored curve may wrongly price out.
+* a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
+  smaller batch verified in this process;
+* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior: sizes verified in
+  this process are nearly certain, the others may be off by a common factor (a stored curve
+  from a busier day, say). The chooser acts on such draws, so a longer draft that the stored
+  curve may wrongly price out gets tried now and then, and heals the curve once it is.
+
+Rolling back a rejected draft is free on an attention cache but not on a recurrent state
+restored from a checkpoint, so its measured time per rejected round (``rollback_s``) is a cost too.
 
 A calibration that ran while the machine was busy (``c(1)`` before and after disagree, one
 size's repeats disagree, or other processes used the CPU) is used for the run that made it but
 never stored. Stored entries carry their date and the conditions they were measured under,
-and what the controller learned about copies and near-ties, so a fresh process starts where
-the last one left off. A damaged or foreign file is a cold start.
+(``learned.py``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-EWMA = 0.15  # how far one slower-than-expected round moves an estimate
-FAST = 0.5  # how far one faster-than-expected round moves it
-CATCH_UP_ROUNDS = 4  # a catch-up of the draft model's cache is paid once for about this many rounds
+EWMA = 0.15  # how far one slower-than-expected round moves an estimate (trades: following a
+# machine that got slower, against one page fault moving the curve)
+FAST = 0.5  # how far one faster-than-expected round moves it (noise only adds time, so it is news)
+COST_SIGMA = 0.7  # log-spread of a cost not yet verified in this process: a factor of two either
+# way is plausible for a stored curve (trades: healing a wrong curve fast, against trying sizes
+# that are as dear as stored)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
-STORE_VERSION = 2
 
 # a calibration is disturbed when...
 C1_DRIFT = 1.3  # c(1) before and after differ by more than this factor
@@ -76,9 +81,9 @@ class CostModel:
     """Seconds per target decode by batch size, and per draft-model token."""
 
     verify: dict[int, float] = field(default_factory=dict)  # the reference curve (calibrated or stored)
-    draft_per_token: float | None = None
     seen: dict[int, float] = field(default_factory=dict)  # sizes verified in this process: their estimates
-    catch_up_per_token: float | None = None  # the draft model evaluating a stretch it missed, per token
+    n_seen: dict[int, int] = field(default_factory=dict)  # ... and how many rounds each estimate rests on
+    rollback_s: float = 0.0  # rolling back a rejected draft (a recurrent state's restore and replay)
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
     # estimates already worked out for the curve as it stands (a plan asks for dozens of them)
@@ -108,7 +113,9 @@ class CostModel:
             return float(b) if seen is None else seen  # no data at all: assume cost grows with the batch
         est = ref * self._drift(b)
         above = [v for s, v in self.seen.items() if s > b]
-        return min(est, min(above)) if above else est  # never dearer than a larger batch verified in this process
+        if above:
+            est = min(est, min(above))  # never dearer than a larger batch verified in this process
+        return min(est, b * self.verify_cost(1)) if b > 1 else est  # nor than b single steps
 
     def _drift(self, b: int) -> float:
         """How far the sizes verified in this process have moved from the reference, at ``b``
@@ -138,41 +145,35 @@ class CostModel:
         est = self.verify_cost(b)
         return min(est, self.seen[max(below)]) if below else est
 
-    def unseen(self, b: int) -> bool:
-        return b not in self.seen
+    def drawn(self, rng, scale: float) -> Callable[[int], float]:
+        """One draw of the curve from its posterior, pulled towards the estimate by ``scale``
+        (0: the estimate itself). Sizes not verified in this process move by one common factor,
+        between what a smaller verified batch costs and ``b`` single steps."""
+        if scale <= 0:
+            return self.verify_cost
+        z = scale * COST_SIGMA * float(rng.standard_normal())
+        c1 = self.verify_cost(1)
+
+        def c(b: int) -> float:
+            if b <= 1:
+                return c1
+            v = self.verify_cost(b) * math.exp(z / math.sqrt(1 + self.n_seen.get(b, 0)))
+            return min(max(v, self.optimistic(b)), b * c1)
+
+        return c
 
     def observe_verify(self, b: int, seconds: float) -> None:
         old = self.verify_cost(b)
         self._version += 1
+        self.n_seen[b] = self.n_seen.get(b, 0) + 1
         if seconds < old:  # noise only adds time: a quicker round is real (the first in this process, wholly)
             self.seen[b] = seconds if b not in self.seen else old + FAST * (seconds - old)
         else:  # one slow round (a page fault, another process) moves the estimate a bounded step
             self.seen[b] = old + EWMA * (min(seconds, 2.0 * old) - old)
 
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens <= 0:
-            return
-        per = seconds / n_tokens
-        old = self.draft_per_token
-        self.draft_per_token = per if old is None else old + EWMA * (per - old)
-
-    def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens <= 0 or seconds <= 0:
-            return
-        per = seconds / n_tokens
-        old = self.catch_up_per_token
-        self.catch_up_per_token = per if old is None else old + EWMA * (per - old)
-
-    def catch_up_cost(self, lag: int) -> float:
-        """Seconds for the draft model to evaluate ``lag`` tokens it missed (a round's usual
-        one or two are part of its per-token cost), per round of the few a switch back to the
-        draft model usually lasts (CATCH_UP_ROUNDS). Unmeasured: half a drafted token each."""
-        if lag <= 2:
-            return 0.0
-        per = self.catch_up_per_token
-        if per is None:
-            per = 0.5 * (self.draft_per_token if self.draft_per_token is not None else 0.5 * self.verify_cost(1))
-        return lag * per / CATCH_UP_ROUNDS
+    def observe_rollback(self, seconds: float) -> None:
+        """A round with a rejection took ``seconds`` to roll back."""
+        self.rollback_s += EWMA * (seconds - self.rollback_s)
 
     def curve(self) -> dict[int, float]:
         """The current estimate at every size known (reference or verified)."""
@@ -184,14 +185,11 @@ class CostModel:
         self.seen = dict(calibrated.verify)
         self._version += 1
         self.provisional, self.measured = calibrated.provisional, dict(calibrated.measured)
-        if calibrated.draft_per_token is not None:
-            self.draft_per_token = calibrated.draft_per_token
 
     def to_json(self) -> dict:
         return {
             "verify": {str(k): v for k, v in self.curve().items()},
-            "draft_per_token": self.draft_per_token,
-            "catch_up_per_token": self.catch_up_per_token,
+            "rollback_s": self.rollback_s,
             "measured": self.measured,
         }
 
@@ -200,12 +198,9 @@ class CostModel:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         if any(b < 1 or not (v > 0 and math.isfinite(v)) for b, v in verify.items()):
             raise ValueError("bad verify curve")
-        dpt, cup = d.get("draft_per_token"), d.get("catch_up_per_token")
+        rb = d.get("rollback_s")
         return cls(
-            verify,
-            float(dpt) if dpt is not None else None,
-            catch_up_per_token=float(cup) if cup is not None else None,
-            measured=dict(d.get("measured") or {}),
+            verify, rollback_s=float(rb) if isinstance(rb, (int, float)) and rb >= 0 else 0.0, measured=dict(d.get("measured") or {})
         )
 
 
@@ -270,92 +265,3 @@ def calibrate(
         "disturbed": "; ".join(why) or None,
     }
     return cost
-
-
-# --- the store -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Learned:
-    """What one pair on one machine and placement has taught specrun: costs, copies, ties."""
-
-    cost: CostModel
-    copy: dict | None = None  # CopyModel.to_json()
-    tie_rate: float | None = None
-    updated: str | None = None
-
-
-class CostStore:
-    """Learned costs kept between runs in a JSON file, keyed by model, threads and placement."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-
-    def _read(self) -> dict:
-        if not self.path or not self.path.exists():
-            return {}
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("version") != STORE_VERSION or not isinstance(data.get("entries"), dict):
-            return {}  # a damaged or foreign file (or one from an older specrun): a cold start
-        return data["entries"]
-
-    def entries(self) -> dict[str, dict]:
-        return {k: v for k, v in self._read().items() if isinstance(v, dict)}
-
-    def load(self, key: str) -> Learned | None:
-        d = self._read().get(key)
-        if not isinstance(d, dict):
-            return None
-        try:
-            cost = CostModel.from_json(d.get("cost") or {})
-            tie = d.get("tie_rate")
-            return Learned(
-                cost,
-                d.get("copy") if isinstance(d.get("copy"), dict) else None,
-                float(tie) if isinstance(tie, (int, float)) and 0 <= tie <= 1 else None,
-                d.get("updated"),
-            )
-        except (TypeError, ValueError, AttributeError):
-            return None  # a damaged entry is just a cold start
-
-    def save(self, key: str, learned: Learned) -> None:
-        """Store what was learned; what it does not say (no copy statistics, say) stays as
-        stored. A provisional curve (measured on a busy machine) is never stored."""
-        if not self.path:
-            return
-        entries = self._read()
-        old = entries.get(key)
-        old = old if isinstance(old, dict) else {}
-        entry: dict[str, Any] = {k: v for k, v in old.items() if k in ("cost", "copy", "tie_rate")}  # kept unless replaced
-        entry["updated"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if not learned.cost.provisional and (learned.cost.verify or learned.cost.seen):
-            entry["cost"] = learned.cost.to_json()
-        if learned.copy is not None:
-            entry["copy"] = learned.copy
-        if learned.tie_rate is not None:
-            entry["tie_rate"] = round(learned.tie_rate, 4)
-        entries[key] = entry
-        self._write(entries)
-
-    def remove(self, match: str = "") -> list[str]:
-        """Forget the entries whose key contains ``match`` (all of them for ""); returns their keys."""
-        entries = self._read()
-        gone = [k for k in entries if match in k]
-        for k in gone:
-            del entries[k]
-        if gone:
-            self._write(entries)
-        return gone
-
-    def _write(self, entries: dict) -> None:
-        assert self.path is not None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"version": STORE_VERSION, "entries": entries}, indent=1))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass

@@ -344,7 +344,7 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
 
 def costs_table(path, entries: dict[str, dict]) -> Group:
     """The stored costs and statistics, one table per entry."""
-    from .control import CopyModel
+    from .sources.ngram import COPY_BINS, NgramSource, copy_bin
 
     if not entries:
         return Group(Text(f"nothing stored in {path} yet: the first generate, chat or bench on a pair measures it"))
@@ -360,17 +360,20 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         if c1:
             t.add_row("one token", f"{1e3 * c1:.2f} ms ({1 / c1:.1f} tok/s)")
             t.add_row("verify b tokens (x one)", "  ".join(f"{b}: {v / c1:.2f}" for b, v in sorted(verify.items())))
-            dpt = cost.get("draft_per_token")
-            t.add_row("draft per token (x one)", f"{dpt / c1:.2f}" if dpt else "-")
+            dpt = ((e.get("sources") or {}).get("model") or {}).get("per_token")
+            t.add_row("draft per token (x one)", f"{dpt / c1:.2f}" if isinstance(dpt, (int, float)) else "-")
         else:
             t.add_row("verify curve", "none stored")
         if measured:
             cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
             t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
         t.add_row("updated", str(e.get("updated", "-")))
-        copy = CopyModel.from_json(e.get("copy"), keep=float("inf")) if e.get("copy") else None
-        if copy is not None:
-            t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {copy.p(n):.0%}" for n in (2, 4, 8, 16, 32, 64)))
+        stored = (e.get("sources") or {}).get("ngram")
+        if stored:
+            ngram = NgramSource()
+            ngram.copy.load(stored, keep=float("inf"))
+            rates = ngram.rates()
+            t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {rates[copy_bin(n)]:.0%}" for n in COPY_BINS[1::2]))
         if e.get("tie_rate") is not None:
             t.add_row("near-tie rate", f"{100 * e['tie_rate']:.1f}%")
         parts.append(t)

@@ -18,11 +18,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .control import CALIBRATION_SIZES, Controller, CopyModel, Plan
-from .costs import CostModel, CpuWatch, Learned, calibrate, now
-from .drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, common_prefix
+from . import sources as draft_sources
+from .control import Chooser, Plan
+from .costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
+from .drafters import Proposal, common_prefix
 from .errors import PromptTooLong, UsageError
+from .learned import Learned
 from .sampling import Sampler, accept_or_resample
+from .sources import ModelSource, Outcome, Source
+from .sources.base import Rate
 from .stats import RoundStats, RunStats
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
@@ -39,7 +43,7 @@ class Settings:
     draft: str = "hybrid"  # model | ngram | hybrid | none
     draft_max: int | None = None  # None: DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
     draft_min: int = 1
-    p_split: float = 0.6
+    p_split: float = 0.6  # fixed mode: the draft model stops below this confidence (adaptive: its stop rule)
     fixed: bool = False
     ngram_min: int = 2
     ngram_max: int = 6
@@ -99,7 +103,7 @@ class Step:
 
 def speculative_round(
     target: Model,
-    drafter: Drafter | None,
+    drafter: Source | None,
     tokens: list[int],
     plan: Plan,
     sampler: Sampler,
@@ -107,11 +111,13 @@ def speculative_round(
     draft_min: int = 1,
     proposal: Proposal | None = None,
     tie_margin: float = 0.0,
+    others: list[Source] | None = None,
 ) -> Round:
     """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
     ``tokens`` is the sequence; the target's cache holds all of it but the last token. A
-    ready-made ``proposal`` (the n-gram guess on offer) is used instead of asking ``drafter``.
+    ready-made ``proposal`` is used instead of asking ``drafter``. ``others`` are the sources
+    whose caches must follow the target's back (the drafter among them).
 
     At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
     undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
@@ -121,7 +127,7 @@ def speculative_round(
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
     if proposal is None:
-        proposal = drafter.propose(tokens, plan.k, plan.p_split) if drafter is not None and plan.k > 0 else Proposal()
+        proposal = drafter.propose(tokens, plan.k, plan.rate) if drafter is not None and plan.k > 0 else Proposal()
     draft = proposal.cut(plan.k)
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
@@ -166,8 +172,9 @@ def speculative_round(
 
     # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
     # last token: the correction, or the last accepted draft if a near-tie was deferred)
-    rollback(target, drafter, len(tokens) + n - deferred)
-    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties))
+    rollback(target, others if others is not None else [drafter] if drafter is not None else [], len(tokens) + n - deferred)
+    t4 = now()
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties), t4 - t3)
     return Round(emitted, n, deferred, draft, stats)
 
 
@@ -179,17 +186,17 @@ def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
     return bool(row[top] - second < margin)
 
 
-def rollback(target: Model, drafter: Drafter | None, keep: int) -> None:
-    """Keep the first ``keep`` positions of the target's cache and of the draft model's, if
-    a draft model is in play. The engine moves caches back only through here; the backend's
-    ``Model.rollback`` does the work for one model."""
+def rollback(target: Model, sources: list[Source], keep: int) -> None:
+    """Keep the first ``keep`` positions of the target's cache and of every source's. The
+    engine moves caches back only through here; the backend's ``Model.rollback`` does the work
+    for one model."""
     target.rollback(keep)
-    if isinstance(drafter, ModelDrafter):
-        drafter.rollback(keep)
+    for s in sources:
+        s.rollback(keep)
 
 
 class Engine:
-    """A target, its drafters and a controller; keeps the sequence between calls (chat)."""
+    """A target, its draft sources and the chooser; keeps the sequence between calls (chat)."""
 
     def __init__(
         self,
@@ -201,7 +208,7 @@ class Engine:
         learned: Learned | None = None,
     ):
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
-        (its curve, unless ``cost`` is given, and its copy and near-tie statistics)."""
+        (its curve, unless ``cost`` is given, what each source learned, the near-tie rate)."""
         if "model" in settings.sources and draft is None:
             raise UsageError(
                 f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
@@ -210,22 +217,31 @@ class Engine:
         self.settings = settings
         self.sampler = sampler
         self.rng = sampler.rng()
-        self.model_drafter = (
-            ModelDrafter(draft, sampler, self.rng, target.n_vocab) if draft is not None and "model" in settings.sources else None
-        )
-        self.ngram = NgramDrafter(settings.ngram_min, settings.ngram_max) if "ngram" in settings.sources else None
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
-        self.controller = Controller(
-            settings.sources,
-            draft_min=settings.draft_min,
-            draft_max=settings.k_max,
-            p_split=settings.p_split,
-            fixed=settings.fixed,
-            cost=self.cost,
-            copy=CopyModel.from_json(learned.copy) if learned is not None and learned.copy else None,
-            tie_rate=learned.tie_rate or 0.0 if learned is not None else 0.0,
-        )
+        self.sources: dict[str, Source] = draft_sources.build(
+            settings.sources, target=target, draft=draft, sampler=sampler, rng=self.rng, cost=self.cost,
+            k_max=settings.k_max, ngram=(settings.ngram_min, settings.ngram_max),
+        )  # fmt: skip
+        model = self.sources.get("model")
+        if isinstance(model, ModelSource) and settings.fixed:
+            model.p_split = settings.p_split
+        self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.k_max, fixed=settings.fixed)
+        if learned is not None:
+            for name, src in self.sources.items():
+                src.load(learned.sources.get(name) or {})
+            if learned.tie_rate is not None:
+                self.chooser.ties = Rate(learned.tie_rate * 8.0, 8.0)
         self.tokens: list[int] = []  # the sequence: the target's cache holds all but the last
+
+    @property
+    def draft_model(self) -> Model | None:
+        model = self.sources.get("model")
+        return model.model if isinstance(model, ModelSource) else None
+
+    def draft_cost(self) -> float | None:
+        """The draft model's measured seconds per drafted token (None: no draft model, or not yet)."""
+        model = self.sources.get("model")
+        return model.per_token if isinstance(model, ModelSource) else None
 
     # --- the sequence -------------------------------------------------------------------
 
@@ -241,25 +257,26 @@ class Engine:
                 "n_ctx",
             )
         n = common_prefix(self.target.tokens, prompt, limit=len(prompt) - 1)
-        rollback(self.target, self.model_drafter, n)
+        rollback(self.target, list(self.sources.values()), n)
         todo = prompt[n:-1]
         if todo:
             self.target.eval(todo, logits="none")
-        if self.model_drafter is not None and not self.settings.fixed and self.controller.model_can_pay(self.settings.k_max):
-            self.model_drafter.prefill(prompt)  # as the target: its first draft need not catch up the whole prompt
+        for src in self.sources.values():
+            src.begin(prompt, self.settings.fixed or self.chooser.could_pay(src, self.settings.k_max))
         self.tokens = list(prompt)
         return len(todo) + 1  # the pending last token is evaluated by the first round
 
     def reseed(self, seed: int | None) -> None:
-        """Restart the random stream (a request's own seed, say); the model drafter shares it."""
+        """Restart the random stream (a request's own seed, say); the draft model shares it."""
         self.rng = np.random.default_rng(seed)
-        if self.model_drafter is not None:
-            self.model_drafter.rng = self.rng
+        model = self.sources.get("model")
+        if isinstance(model, ModelSource):
+            model.rng = self.rng
 
     def reset(self) -> None:
         self.target.reset()
-        if self.model_drafter is not None:
-            self.model_drafter.model.reset()
+        if self.draft_model is not None:
+            self.draft_model.reset()
         self.tokens = []
 
     def calibrate(self) -> CostModel:
@@ -281,13 +298,14 @@ class Engine:
         watch = CpuWatch()
         sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.k_max + 1)]
         self.cost.adopt(calibrate(measure, sizes, others=watch.others))
-        if self.model_drafter is not None and self.model_drafter.model.n_ctx > self.model_drafter.model.n_past:
-            self.cost.draft_per_token = self.model_drafter.measure_token_cost(pad)
+        model = self.sources.get("model")
+        if isinstance(model, ModelSource) and model.model.n_ctx > model.model.n_past:
+            model.per_token = model.measure_token_cost(pad)
         return self.cost
 
     def learned(self) -> Learned:
         """What this engine has learned, to store for the next run."""
-        return Learned(self.cost, self.controller.copy.to_json(), self.controller.tie_rate)
+        return Learned(self.cost, {name: s.to_json() for name, s in self.sources.items()}, self.chooser.tie_rate)
 
     # --- generation ---------------------------------------------------------------------
 
@@ -303,6 +321,7 @@ class Engine:
         stats.n_cached_tokens = len(prompt) - stats.n_prompt_tokens
         stats.prompt_s = now() - t0
         tokens = self.tokens
+        sources = list(self.sources.values())
         t_start = now()
         reason = None
         force_plain = False
@@ -319,24 +338,24 @@ class Engine:
                 if room < 0:
                     reason = "context"
                     break
-                plan, copy = self._plan(tokens, min(room, remaining - 1, self.target.n_batch - 1))
-                if force_plain:
-                    plan = Plan("none", 0)
+                k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.k_max))
+                # every source gets ready (the n-gram lookup finds its copy), then one choice
+                caps = {name: src.prepare(tokens, k_room) for name, src in self.sources.items()}
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, min(room, remaining), self.rng)
+                drafter = self.sources.get(plan.source)
                 r = speculative_round(
-                    self.target, self._drafter(plan), tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, copy if plan.source == "ngram" else None, self.settings.tie_margin,
+                    self.target, drafter, tokens, plan, self.sampler, self.rng,
+                    self.settings.draft_min, None, self.settings.tie_margin, sources,
                 )  # fmt: skip
                 settling, force_plain = force_plain, r.deferred
-                # the draft's per-token cost leaves out catching its cache up (after a long
-                # stretch of n-gram or plain rounds that is the whole stretch, a one-off)
-                self.controller.observe(
-                    plan, r.stats.drafted, r.accepted, r.stats.verify_s, r.stats.draft_s - r.proposal.sync_s,
-                    r.proposal.confidences, tie_stop=r.deferred, caught_up=(r.proposal.caught_up, r.proposal.sync_s),
-                )  # fmt: skip
+                self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)
+                if r.stats.drafted > r.accepted:
+                    self.cost.observe_rollback(r.stats.rollback_s)
+                outcome = Outcome(r.stats.source, r.proposal, r.accepted, r.emitted, r.deferred, r.stats)
+                for src in sources:
+                    src.observe(outcome)
                 if not settling:  # a settling step's row is the near-tie that deferred it, counted already
-                    self.controller.observe_ties(r.stats.checked, r.stats.ties)
-                if self.ngram is not None:  # the n-gram guess on offer, used or not, against what the target produced
-                    self.controller.observe_copy(copy.match if copy else 0, copy.tokens if copy else [], r.emitted)
+                    self.chooser.observe_ties(r.stats.checked, r.stats.ties)
                 emitted = r.emitted
                 for i, t in enumerate(emitted):
                     if self.target.is_eog(t):
@@ -345,31 +364,15 @@ class Engine:
                         break
                 tokens.extend(emitted)
                 if reason == "stop":  # drop any accepted tokens past the end of generation
-                    rollback(self.target, self.model_drafter, min(self.target.n_past, len(tokens) - 1))
+                    rollback(self.target, sources, min(self.target.n_past, len(tokens) - 1))
                 rnd = dataclasses.replace(r.stats, emitted=len(emitted))
                 stats.add(rnd)
                 stats.wall_s = now() - t_start
-                stats.idle_reason = self.controller.idle_reason(stats)
+                stats.idle_reason = self.chooser.idle_reason(stats)
                 yield Step(emitted, min(r.accepted, len(emitted)), rnd, stats)
         finally:
             stats.wall_s = now() - t_start
             stats.finish_reason = reason or "interrupted"
-
-    def _plan(self, tokens: list[int], room: int) -> tuple[Plan, Proposal | None]:
-        """The controller's plan, and the n-gram proposal on offer (if any)."""
-        copy = self.ngram.propose(tokens, max(0, min(room, self.settings.k_max))) if self.ngram else None
-        plan = self.controller.plan(
-            ngram_available=len(copy) if copy is not None else 0,
-            ngram_match=copy.match if copy is not None else 0,
-            room=room,
-            model_lag=len(tokens) - self.model_drafter.model.n_past if self.model_drafter is not None else 0,
-        )
-        return plan, copy
-
-    def _drafter(self, plan: Plan) -> Drafter | None:
-        if plan.source == "ngram":
-            return self.ngram
-        return self.model_drafter  # a plain step too: passed so that rollback keeps the draft in step
 
 
 def _round_up(n: int, to: int = 512) -> int:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from .compat import check_vocab
 from .config import PairConfig
-from .control import CostModel, CostStore
+from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
 from .inventory import connect
+from .learned import CostStore
 from .memory import Dev
 from .modelinfo import ModelInfo, model_info
 from .pair import assess

@@ -19,7 +19,7 @@ def add_per_position(proposed_at: list[int], accepted_at: list[int], run: RunSta
 
 @dataclass(frozen=True)
 class RoundStats:
-    source: str  # which drafter proposed: "model", "ngram" or "none" (a plain decode step)
+    source: str  # which draft source proposed ("model", "ngram", ...) or "none" (a plain decode step)
     drafted: int  # draft tokens sent to the target
     accepted: int  # of those, how many the target kept
     emitted: int  # tokens this round added to the output (accepted + correction/bonus)
@@ -28,6 +28,7 @@ class RoundStats:
     sample_s: float
     checked: int = 0  # greedy: positions checked for a near-tie this round (see engine) ...
     ties: int = 0  # ... and of those, near-ties (at most one: a near-tie ends the round)
+    rollback_s: float = 0.0  # rolling the caches back after the verify
 
 
 @dataclass

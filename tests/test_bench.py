@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specrun.backend import LoadOptions, Model
 from specrun.bench import BenchPrompt, load_prompts, run_bench
 from specrun.cli.main import _register, app, main
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import Settings
 from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
 from specrun.sampling import Sampler

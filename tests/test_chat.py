@@ -17,9 +17,10 @@ from tiny_models import bpe_vocab, make_weights, write_model
 
 from specrun.backend import LoadOptions, Model
 from specrun.chat import ChatSession
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.errors import InputError, PromptTooLong
+from specrun.learned import Learned
 from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
 from specrun.template import ChatTemplate, TemplateError, plain_format
@@ -45,7 +46,13 @@ def session(models, tiny):
     models["target"].reset()
     models["draft"].reset()
     info = model_info(tiny["target"])
-    engine = Engine(models["target"], models["draft"], Settings("model"), Sampler(0.0), CostModel(dict(FLAT), 0.0001))
+    engine = Engine(
+        models["target"],
+        models["draft"],
+        Settings("model"),
+        Sampler(0.0),
+        learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 0.0001}}),
+    )
     warnings: list[str] = []
     s = ChatSession(engine, ChatTemplate(info.chat_template, "<|endoftext|>", "<|im_end|>"), warn=warnings.append)
     s.warnings = warnings  # type: ignore[attr-defined]

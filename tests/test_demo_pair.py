@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
+from specrun.learned import Learned
 from specrun.sampling import Sampler
 
 # chat-formatted prompts of at least 64 tokens, of different kinds
@@ -38,7 +39,7 @@ def run(t, d, settings, prompt, n=64, cost=None):
     t.reset()
     if d is not None:
         d.reset()
-    e = Engine(t, d, settings, Sampler(0.0), CostModel(dict(cost or FLAT), 0.001))
+    e = Engine(t, d, settings, Sampler(0.0), learned=Learned(CostModel(dict(cost or FLAT)), {"model": {"per_token": 0.001}}))
     toks = t.tokenize(prompt, add_special=False)
     assert len(toks) >= 64
     out, stats = [], None

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import CostModel, Plan
+from specrun.control import Plan
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings, speculative_round
 from specrun.errors import PromptTooLong, UsageError
+from specrun.learned import Learned
 from specrun.sampling import Sampler
 
 PROMPTS = [
@@ -31,7 +33,7 @@ def loaded(tiny):
 
 def generate(target, draft, settings, prompt, n=48, sampler=None, cost=None):
     sampler = sampler or Sampler(0.0)
-    e = Engine(target, draft, settings, sampler, CostModel(dict(cost or FLAT), 0.0001))
+    e = Engine(target, draft, settings, sampler, learned=Learned(CostModel(dict(cost or FLAT)), {"model": {"per_token": 0.0001}}))
     toks = target.tokenize(prompt, add_special=True)
     out, stats = [], None
     for step in e.generate(toks, n):
@@ -133,7 +135,7 @@ def test_one_round_follows_the_paper(loaded):
     e = Engine(target, draft, Settings("model", draft_max=4, p_split=0.0, fixed=True), Sampler(0.0))
     prompt = target.tokenize(PROMPTS[1])
     e.prefill(prompt)
-    r = speculative_round(target, e.model_drafter, prompt, Plan("model", 4), Sampler(0.0), e.rng)
+    r = speculative_round(target, e.sources["model"], prompt, Plan("model", 4), Sampler(0.0), e.rng)
     assert r.stats.drafted == 4 and r.accepted == 4 and len(r.emitted) == 5 and not r.deferred
     assert r.emitted[:4] == r.proposal.tokens
     assert target.n_past == len(prompt) + 4
@@ -145,7 +147,13 @@ def test_context_full_is_a_finish_reason(tiny):
     with Model(tiny["target"], opts) as t, Model(tiny["draft-copy"], opts) as d:
         prompt = t.tokenize(PROMPTS[1] * 20)[:250]
         for mode, draft in (("none", None), ("model", d), ("hybrid", d)):
-            e = Engine(t, draft, Settings(mode, draft_max=8, p_split=0.0), Sampler(0.0), CostModel(dict(FLAT), 1e-4))
+            e = Engine(
+                t,
+                draft,
+                Settings(mode, draft_max=8, p_split=0.0),
+                Sampler(0.0),
+                learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 1e-4}}),
+            )
             out, stats = [], None
             for step in e.generate(prompt, 1000):
                 out.extend(step.tokens)
@@ -193,13 +201,38 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
 
 
 def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
-    from specrun.drafters import ModelDrafter
+    from specrun.sources import ModelSource
 
     t = loaded["target"]
-    d = ModelDrafter(loaded["draft-copy"], Sampler(0.0), np.random.default_rng(0), t.n_vocab)
+    d = ModelSource(loaded["draft-copy"], Sampler(0.0), np.random.default_rng(0), t.n_vocab, CostModel(), 8)
     d.model.reset()
     toks = t.tokenize(PROMPTS[0] * 3, add_special=True)
-    first = d.propose(toks, 2)  # the draft has seen nothing yet: this proposal first evaluates everything
+    first = d.propose(toks, 2, 0.0)  # the draft has seen nothing yet: this proposal first evaluates everything
     assert first.sync_s > 0
-    later = d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2)  # one more token: a normal round
+    later = d.propose(toks + d.model.tokens[len(toks) : len(toks) + 1], 2, 0.0)  # one more token: a normal round
     assert later.sync_s == 0.0
+
+
+def test_the_draft_models_posteriors_move_with_its_rounds_and_its_stop_rule_follows_them(loaded):
+    """A draft that is the target itself is accepted at every position and is confident: its
+    position and confidence posteriors rise, and on a flat verify its stop rule drafts long. An
+    unrelated draft's fall, and its drafts stay short."""
+    target = loaded["target"]
+
+    def run(draft_name):
+        e = Engine(target, loaded[draft_name], Settings("model", draft_max=16), Sampler(0.0), CostModel(dict(FLAT)))
+        e.sources["model"].per_token = 1e-5  # drafting costs next to nothing: only acceptance decides
+        prompt = target.tokenize(PROMPTS[0])
+        stats = None
+        for step in e.generate(prompt, 96):
+            stats = step.stats
+        return e.sources["model"], stats
+
+    good, good_stats = run("draft-copy")
+    bad, bad_stats = run("draft-unrelated")
+    assert good.positions.means()[0] > 0.9 and bad.positions.means()[0] < 0.5
+    assert sum(r.n for r in good.by_conf) > 0 and sum(r.n for r in bad.by_conf) > 0
+    good_lengths = [k for k in good_stats.draft_lengths if k]
+    assert good_lengths and max(good_lengths) >= 8
+    bad_lengths = [k for k in bad_stats.draft_lengths if k]
+    assert not bad_lengths or np.mean(bad_lengths) < np.mean(good_lengths)

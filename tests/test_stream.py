@@ -8,8 +8,9 @@ import pytest
 from tiny_models import SPLIT_CHAR
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
+from specrun.learned import Learned
 from specrun.sampling import Sampler
 from specrun.stream import Detokenizer, stop_scan, stream_generate
 
@@ -47,7 +48,13 @@ def greedy_loop(model: Model, prompt: list[int], n: int) -> list[int]:
 
 
 def run(models, settings: Settings, prompt: list[int], n: int, draft: str | None = None, stop=(), sampler=None):
-    e = Engine(models["target"], models[draft] if draft else None, settings, sampler or Sampler(0.0), CostModel(dict(FLAT), 1e-4))
+    e = Engine(
+        models["target"],
+        models[draft] if draft else None,
+        settings,
+        sampler or Sampler(0.0),
+        learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 1e-4}}),
+    )
     e.reset()
     events = list(stream_generate(e, prompt, n, stop=stop))
     return events

@@ -1,10 +1,15 @@
-"""specrun's default mode against every n-gram type of llama.cpp's own speculative decoding, on
-the bench's prompts, alternated, as ratios to plain decoding of the same prompt.
+"""specrun's default mode against llama.cpp's own speculative decoding (its n-gram types, or its
+draft model at several draft lengths), on the bench's prompts, alternated, as ratios to plain
+decoding of the same prompt.
 
     python scripts/tools/compare_ngram.py --bin ~/.cache/specrun/llama.cpp-VERSION/build/bin \\
         [--classes code-edit,summarise] [--runs 3] [-t 2] [--types ngram-simple,...] [--json out.json]
+    python scripts/tools/compare_ngram.py --bin ... --target F16.gguf --classes code-gen,explain \\
+        --types draft-simple,draft-simple@4,draft-simple@8,draft-simple@16 --specrun-modes model
 
-Run it through `scripts/compare-llama-cpp.sh --ngram`, which builds llama.cpp's tools from the
+A type ``T@N`` is llama.cpp's type T with ``--spec-draft-n-max N``; ``--specrun-modes model``
+adds ``specrun generate --draft model`` (as ``specrun:model``). Run it through
+`scripts/compare-llama-cpp.sh --ngram` or `--draft-model`, which build llama.cpp's tools from the
 installed llama-cpp-python's sdist first. Each (run, prompt) runs every mode once, in a rotating
 order, so a noisy machine affects them alike: plain decoding (`specrun generate --draft none`),
 specrun's default (`specrun generate`, hybrid, adaptive), and `llama-speculative-simple
@@ -54,10 +59,13 @@ def specrun_cmd(args, prompt_file: Path, n: int, mode: str | None) -> list[str]:
 
 
 def llama_cmd(args, prompt_file: Path, n: int, spec_type: str) -> list[str]:
-    """`llama-speculative-simple` with one speculative type at its defaults, greedy."""
+    """`llama-speculative-simple` with one speculative type, greedy: at its defaults, or with
+    ``--spec-draft-n-max N`` for ``TYPE@N``."""
+    spec_type, _, n_max = spec_type.partition("@")
     exe = Path(args.bin) / "llama-speculative-simple"
     cmd = [str(exe), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "-t", str(args.threads)]
     cmd += ["-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
+    cmd += ["--spec-draft-n-max", n_max] if n_max else []
     return cmd + (["-md", str(args.draft)] if spec_type.startswith("draft") else [])
 
 
@@ -93,7 +101,11 @@ def main() -> int:
     ap.add_argument("--target", type=Path, default=MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     ap.add_argument("--draft", type=Path, default=MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
     ap.add_argument("--classes", default="code-edit,summarise")
-    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument(
+        "--prompts", type=Path, help="a JSONL file of prompts instead of the bench's (e.g. scripts/tools/heldout_prompts.jsonl)"
+    )
+    ap.add_argument("--types", default=",".join(TYPES), help="llama.cpp's types, TYPE or TYPE@N-MAX")
+    ap.add_argument("--specrun-modes", default="", help="more specrun --draft modes to run beside the default, e.g. model")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
@@ -103,10 +115,10 @@ def main() -> int:
     ap.add_argument("--from-log", type=Path, nargs="+", help="print the table from the sample lines of earlier logs, run nothing")
     args = ap.parse_args()
     classes = args.classes.split(",")
-    prompts = [p for p in load_prompts() if p.cls in classes]
+    prompts = [p for p in load_prompts(args.prompts) if p.cls in classes]
     if args.limit:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
-    modes = ["plain", "specrun"] + args.types.split(",")
+    modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + args.types.split(",")
     samples: list[dict] = []
     if args.from_log:
         for log in args.from_log:
@@ -146,6 +158,8 @@ def main() -> int:
                         r = run_specrun(args, f, n, "none")
                     elif mode == "specrun":
                         r = run_specrun(args, f, n, None)
+                    elif mode.startswith("specrun:"):
+                        r = run_specrun(args, f, n, mode.split(":", 1)[1])
                     else:
                         r = run_llama(args, f, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
@@ -171,6 +185,7 @@ def table(samples: list[dict], classes: list[str], prompts: list, modes: list[st
     print(f"\n{runs} run(s); per prompt the median over runs, per class the geometric mean over prompts\n")
     print("| class | mode | speedup vs plain (geomean of per-prompt medians) | range over prompts | acceptance |")
     print("|---|---|---|---|---|")
+    best: dict[str, dict[str, float]] = {}
     for c in classes:
         for mode in modes[1:]:
             ratios, drafted, accepted = [], 0, 0
@@ -184,7 +199,19 @@ def table(samples: list[dict], classes: list[str], prompts: list, modes: list[st
                 accepted += sum(s["accepted"] or 0 for s in mine)
             acc = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
             if ratios:
-                print(f"| {c} | {mode} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {acc} |")
+                g = statistics.geometric_mean(ratios)
+                best.setdefault(c, {})[mode] = g
+                print(f"| {c} | {mode} | {g:.2f}x | {min(ratios):.2f}-{max(ratios):.2f} | {acc} |")
+    print("\n| class | specrun mode | / best llama.cpp setting | which |")
+    print("|---|---|---|---|")
+    for c, by_mode in best.items():
+        theirs = {m: g for m, g in by_mode.items() if not m.startswith("specrun")}
+        if not theirs:
+            continue
+        top = max(theirs, key=lambda m: theirs[m])
+        for m, g in by_mode.items():
+            if m.startswith("specrun"):
+                print(f"| {c} | {m} | {g / theirs[top]:.2f}x | {top} |")
 
 
 if __name__ == "__main__":

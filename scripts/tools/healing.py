@@ -20,8 +20,9 @@ from pathlib import Path
 
 from specrun.bench import load_prompts
 from specrun.config import PairConfig
-from specrun.costs import CostModel, CostStore, Learned
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
+from specrun.learned import CostStore, Learned
 from specrun.prompt import chat_prompt
 from specrun.sampling import Sampler
 from specrun.session import open_engine, open_pair
@@ -51,7 +52,7 @@ def main() -> int:
         store = CostStore(Path(tmp) / "costs.json")
         fresh = open_engine(pair, Settings(), Sampler(0.0), store)  # calibrates
         truth = fresh.cost.curve()
-        store.save(pair.cost_key, Learned(CostModel(dict(truth), fresh.cost.draft_per_token)))
+        store.save(pair.cost_key, Learned(CostModel(dict(truth)), fresh.learned().sources))
 
         def run(engine: Engine) -> tuple[float, int]:
             engine.reset()
@@ -64,9 +65,9 @@ def main() -> int:
             poisoned = {b: v * 8 if b >= 6 else v for b, v in truth.items()}
             rows.setdefault("plain", []).append(run(Engine(pair.target, None, Settings("none"), Sampler(0.0))))
             rows.setdefault("default, fresh curve", []).append(
-                run(Engine(pair.target, pair.draft, Settings(), Sampler(0.0), CostModel(dict(truth), fresh.cost.draft_per_token)))
+                run(Engine(pair.target, pair.draft, Settings(), Sampler(0.0), CostModel(dict(truth)), fresh.learned()))
             )
-            store.save(pair.cost_key, Learned(CostModel(poisoned, fresh.cost.draft_per_token)))
+            store.save(pair.cost_key, Learned(CostModel(poisoned), fresh.learned().sources))
             sick = open_engine(pair, Settings(), Sampler(0.0), store)
             rows.setdefault("default, poisoned curve (heals in the run)", []).append(run(sick))
             store.save(pair.cost_key, sick.learned())

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from specrun.backend import LoadOptions, Model
-from specrun.control import CostModel
+from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
 from specrun.stream import stream_generate
@@ -32,7 +32,7 @@ PROMPT = (
 
 
 def run(t: Model, d: Model, settings: Settings, n: int, profile: bool):
-    cost = CostModel({1: 0.03, 2: 0.04, 4: 0.05, 8: 0.08, 16: 0.1, 32: 0.2}, 0.015)
+    cost = CostModel({1: 0.03, 2: 0.04, 4: 0.05, 8: 0.08, 16: 0.1, 32: 0.2})
     e = Engine(t, d, settings, Sampler(0.0), cost)
     toks = t.tokenize(PROMPT, add_special=False)
     e.prefill(toks)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tiny_m
 from specrun import backend  # noqa: E402
 from specrun.chat import ChatSession  # noqa: E402
 from specrun.config import PairConfig  # noqa: E402
-from specrun.control import CostModel  # noqa: E402
+from specrun.costs import CostModel  # noqa: E402
 from specrun.engine import Engine, Settings  # noqa: E402
 from specrun.sampling import Sampler  # noqa: E402
 from specrun.session import open_pair  # noqa: E402
@@ -48,7 +48,7 @@ def rss_mb() -> float:
 
 def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx: int, warmup: int) -> dict:
     pair = open_pair(target, draft, PairConfig(n_ctx=ctx, threads=2))
-    cost = CostModel({1: 0.01, 2: 0.011, 4: 0.012, 8: 0.014, 16: 0.02, 32: 0.03}, 0.002)
+    cost = CostModel({1: 0.01, 2: 0.011, 4: 0.012, 8: 0.014, 16: 0.02, 32: 0.03})
     modes = ["hybrid", "model", "ngram", "none"]
     info = pair.target_info
     tmpl = ChatTemplate(info.chat_template, "", info.tokens[info.eos_id] if info.eos_id is not None else "")
@@ -80,7 +80,7 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
     live_before_close = backend.live_batches()
     pair.close()
     for e in engines.values():
-        e.model_drafter = None
+        e.sources.clear()
     del engines, chat
     gc.collect()
     return {

@@ -11,10 +11,11 @@ import typer
 from rich.table import Table
 
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
-from ..costs import CostModel, Learned
+from ..costs import CostModel
 from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
 from ..engine import Settings
 from ..errors import UsageError
+from ..learned import Learned
 from ..prompt import chat_prompt
 from ..sampling import Sampler
 from ..session import cost_store, load_costs

@@ -156,7 +156,7 @@ DRAFTING = (
         Settings,
         "draft_max",
         ("--draft-max",),
-        "Most draft tokens per round (default: 32 adaptive, where the controller picks K up to it; 8 with --fixed).",
+        "Most draft tokens per round (default: 32 adaptive, where the chooser picks K up to it; 8 with --fixed).",
         Optional[int],
     ),
     _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),
@@ -164,7 +164,7 @@ DRAFTING = (
         Settings,
         "p_split",
         ("--draft-p-split",),
-        "The model drafter stops when its top-token probability falls below this (adaptive mode tunes it).",
+        "With --fixed, the draft model stops when its top-token probability falls below this (adaptive mode stops by its own rule, from acceptance by confidence).",
         float,
     ),
     _flag(

@@ -1,0 +1,182 @@
+"""The n-gram source: prompt lookup, free to draft, its acceptance learned by copy length.
+
+N-gram guesses are copies of an earlier span, and a copy that has already matched L tokens is
+far likelier to go on than a fresh two-token match (code editing returns whole files; chat
+rarely repeats itself). So the chance that position j of a copy is accepted is the rate of its
+copy-length bin, ``a_j = rate(L + j - 1)``. Guesses cost no model time, so every round scores
+the copy on offer against what the target actually wrote, drafted or not: the rates learn from
+every token, and a copy that starts to pay is taken up at once.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from ..drafters import Proposal
+from ..sampling import Dist
+from .base import Outcome, RateTable
+
+COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
+# (0 and 1: a copy just past an edit the drafter learned)
+
+
+def copy_bin(length: int) -> int:
+    return max(0, bisect_right(COPY_BINS, length) - 1)
+
+
+class NgramSource:
+    """The chooser's view of the n-gram lookup: the copy on offer and how often copies go on."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 6):
+        self.drafter = NgramDrafter(n_min, n_max)
+        self.copy = RateTable(len(COPY_BINS))
+        self.offer = Proposal()
+
+    def begin(self, prompt: list[int], may_draft: bool) -> None:
+        self.offer = Proposal()
+
+    def prepare(self, tokens: list[int], room: int) -> int:
+        self.offer = self.drafter.propose(tokens, room)
+        return len(self.offer)
+
+    def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
+        rates = self.copy.draws(rng, scale)
+        return [rates[copy_bin(self.offer.match + j)] for j in range(k)]
+
+    def rates(self) -> list[float]:
+        """The mean rate by copy-length bin (for `specrun costs`)."""
+        return self.copy.means()
+
+    def cost(self, k: int) -> float:
+        return 0.0
+
+    def propose(self, tokens: list[int], k: int, worth: float) -> Proposal:
+        return self.offer.cut(k)
+
+    def observe(self, outcome: Outcome) -> None:
+        """Score the copy on offer (used or not) against the tokens that really followed, up to
+        the first miss."""
+        self.copy.decay()
+        for j, (x, y) in enumerate(zip(self.offer.tokens, outcome.emitted)):
+            self.copy.bins[copy_bin(self.offer.match + j)].add(x == y)
+            if x != y:
+                break
+
+    def rollback(self, keep: int) -> None:
+        pass  # the lookup rebuilds itself from the sequence
+
+    def to_json(self) -> dict:
+        return {"bins": list(COPY_BINS), **self.copy.to_json()}
+
+    def load(self, d: dict) -> None:
+        if isinstance(d, dict) and list(d.get("bins", ())) == list(COPY_BINS):
+            self.copy.load(d)
+
+
+class NgramDrafter:
+    """Prompt lookup: find the longest recent suffix (n in [n_min, n_max]) that occurred
+    earlier in the prompt or output, and propose what followed it. Costs no model time. Of
+    the suffix's recent occurrences, the one whose context matches furthest back is copied
+    (in an edited file the same line may appear in the source and in what was written).
+
+    Once a copy is under way, the next call continues from the same source span without
+    searching, as long as the sequence has kept copying it: in code editing and summarising
+    the output copies the input for hundreds of tokens. Each proposal says how long its copy
+    already is (``match``): the controller trusts long copies more.
+
+    Edits are learned: when an established copy breaks because the target wrote Y where the
+    source has X (a rename, say), the copy goes on past it, and from then on every X in a
+    proposal is written as Y. A learned edit that turns out wrong is replaced by what the
+    target wrote instead, or dropped.
+    """
+
+    name = "ngram"
+    MATCH_CAP = 64
+    OCCURRENCES = 8  # the latest occurrences of an n-gram kept; the one matching furthest back is copied
+    EDIT_MIN_MATCH = 4  # a copy must have matched this many tokens before a break counts as an edit
+
+    def __init__(self, n_min: int = 2, n_max: int = 6):
+        if not 1 <= n_min <= n_max:
+            raise ValueError("need 1 <= n_min <= n_max")
+        self.n_min, self.n_max = n_min, n_max
+        self._seen: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after its latest occurrences
+        self._follow: tuple[int, int, int] | None = None  # (sequence length, source position, match) of a copy
+        self.edits: dict[int, int] = {}  # source token -> what the target writes instead
+
+    def _update(self, tokens: list[int]) -> None:
+        n_old = len(self._seen)
+        if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
+            self._seen, self._index, self._follow, n_old = [], {}, None, 0
+            self.edits = {}
+        # index n-grams that end before the current last token (the suffix itself is the query)
+        for end in range(max(n_old, 1), len(tokens)):
+            for n in range(self.n_min, self.n_max + 1):
+                if end - n >= 0:
+                    seen = self._index.setdefault(tuple(tokens[end - n : end]), [])
+                    seen.append(end)
+                    if len(seen) > self.OCCURRENCES:
+                        del seen[0]
+        self._seen = list(tokens)
+
+    def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
+        """Propose the k source tokens from ``src`` on, with the learned edits applied."""
+        edits, match = self.edits, min(match, self.MATCH_CAP)
+        run = [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
+        self._follow = (len(tokens), src, match)
+        return Proposal(run, [Dist.one_hot(t) for t in run], match)
+
+    def _continue(self, tokens: list[int], k: int) -> Proposal | None:
+        """Go on with the copy under way, learning an edit where it broke. None: no copy."""
+        if self._follow is None:
+            return None
+        seq_end, src, match = self._follow
+        grown = len(tokens) - seq_end  # what the last round added: drafts accepted, then one token
+        nxt = src + grown
+        if grown <= 0 or nxt >= len(tokens):
+            return None
+        was = [self.edits.get(t, t) for t in tokens[src:nxt]]
+        got = tokens[seq_end:]
+        if got == was:
+            return self._copy(tokens, nxt, k, match + grown)
+        if got[:-1] != was[:-1]:  # pragma: no cover - a round only ever differs at its last token
+            return None
+        source_token, written = tokens[nxt - 1], got[-1]
+        if written == source_token:
+            self.edits.pop(source_token, None)  # a learned edit was wrong here: the source stands
+        elif match + grown - 1 >= self.EDIT_MIN_MATCH:  # the copy had matched this much before the break
+            self.edits[source_token] = written
+        else:
+            self.edits.pop(source_token, None)
+            return None
+        return self._copy(tokens, nxt, k, 0)  # past the edit; a fresh edit starts with no evidence
+
+    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal:
+        """The copy on offer after ``tokens`` (``p_split`` does not apply: a copy has no confidence)."""
+        if k <= 0 or len(tokens) < self.n_min + 1:
+            return Proposal()
+        self._update(tokens)
+        # 1. keep copying the span we were following, if the sequence has kept copying it
+        out = self._continue(tokens, k)
+        if out is not None:
+            return out
+        # 2. otherwise look the longest suffix up, and count how far back the match goes
+        self._follow = None
+        end = len(tokens)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if end <= n:
+                continue
+            best, best_match = None, -1
+            for src in reversed(self._index.get(tuple(tokens[end - n :]), ())):  # latest first: it wins ties
+                match = n
+                while match < self.MATCH_CAP and match < src and tokens[end - 1 - match] == tokens[src - 1 - match]:
+                    match += 1
+                if match > best_match:
+                    best, best_match = src, match
+            if best is not None:
+                return self._copy(tokens, best, k, best_match)
+        return Proposal()
