@@ -20,7 +20,7 @@ from .costs import CostModel
 from .engine import DRAFT_MODES, Engine, Settings
 from .errors import InputError, UsageError
 from .sampling import Sampler
-from .stats import RunStats
+from .stats import RunStats, add_per_position
 from .stream import stream_generate
 
 BASELINE = "none"
@@ -107,12 +107,7 @@ class ModeSummary:
         self.drafted += s.n_drafted
         self.accepted += s.n_accepted
         self.drafted_rounds += s.n_drafted_rounds
-        for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
-            if i >= len(self.proposed_at):
-                self.proposed_at.append(0)
-                self.accepted_at.append(0)
-            self.proposed_at[i] += p
-            self.accepted_at[i] += a
+        add_per_position(self.proposed_at, self.accepted_at, s)
 
     def to_json(self) -> dict:
         mean = statistics.fmean(self.tps) if self.tps else 0.0

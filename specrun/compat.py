@@ -16,36 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from .modelinfo import ModelInfo
+from .modelinfo import ModelFacts, ModelInfo
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_ID = 5
 MAX_DIFFS_SHOWN = 3
-
-
-class VocabFacts(Protocol):
-    """What the rules read: a ModelInfo, or a cached summary of one (specrun.catalog)."""
-
-    @property
-    def tokenizer_model(self) -> str: ...
-    @property
-    def tokenizer_pre(self) -> str | None: ...
-    @property
-    def n_vocab(self) -> int: ...
-    @property
-    def bos_id(self) -> int | None: ...
-    @property
-    def eos_id(self) -> int | None: ...
-    @property
-    def eot_id(self) -> int | None: ...
-    @property
-    def pad_id(self) -> int | None: ...
-    @property
-    def add_bos(self) -> bool | None: ...
-    @property
-    def add_eos(self) -> bool | None: ...
 
 
 TokenDiffs = Callable[[Any, Any], list[tuple[int, str, str]]]
@@ -101,7 +78,7 @@ def first_token_differences(t: ModelInfo, d: ModelInfo, limit: int = MAX_DIFFS_S
     return diffs
 
 
-def check_vocab(t: VocabFacts, d: VocabFacts, token_diffs: TokenDiffs = first_token_differences) -> Compatibility:
+def check_vocab(t: ModelFacts, d: ModelFacts, token_diffs: TokenDiffs = first_token_differences) -> Compatibility:
     """Every rule, target ``t`` against draft ``d``. ``token_diffs`` finds the first differing
     token texts; a caller holding cached fingerprints passes one that reads no file when
     they already agree."""

@@ -107,7 +107,7 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
                 verdict.append("\nNo setting of layers, split or context fits: pick a smaller quant or smaller models.")
     parts.append(verdict)
     if r.suggestions:
-        parts.append(Text(f"drafts in your registry that match the target: {', '.join(r.suggestions)}"))
+        parts.append(Text(f"known drafts that match the target: {', '.join(r.suggestions)} (`specrun drafts` lists them all)"))
     return Group(*parts)
 
 

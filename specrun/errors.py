@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
@@ -82,25 +81,13 @@ class RegistryError(InputError):
 class IncompatiblePair(SpecrunError):
     """The target and draft cannot be used together."""
 
-    exit_code = EXIT_FAIL
-
 
 class UnsupportedArchitecture(SpecrunError):
     """The installed llama.cpp cannot load a model of this architecture."""
 
-    exit_code = EXIT_FAIL
-
-
-class DoesNotFit(SpecrunError):
-    """The models do not fit in the available memory."""
-
-    exit_code = EXIT_FAIL
-
 
 class PromptTooLong(SpecrunError):
     """The prompt does not fit in the context."""
-
-    exit_code = EXIT_FAIL
 
 
 class WorkerUnreachable(InputError):
@@ -110,16 +97,10 @@ class WorkerUnreachable(InputError):
 class WorkerMismatch(SpecrunError):
     """An RPC worker speaks another version of llama.cpp's RPC protocol."""
 
-    exit_code = EXIT_FAIL
-
 
 class BackendError(SpecrunError):
     """llama.cpp refused to load or run a model."""
 
-    exit_code = EXIT_FAIL
-
 
 class DownloadError(SpecrunError):
     """A download failed or arrived corrupted (and was deleted)."""
-
-    exit_code = EXIT_FAIL

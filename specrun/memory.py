@@ -28,33 +28,12 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
 
 import numpy as np
 import psutil
 
 from .architecture import ROLLBACK_DEPTH
-from .modelinfo import ModelInfo
-
-
-class ModelShape(Protocol):
-    """What a whole-model estimate reads: a ModelInfo, or a cached summary of one
-    (specrun.catalog). A placed estimate needs the tensors, so a ModelInfo."""
-
-    @property
-    def weights_bytes(self) -> int: ...
-    @property
-    def n_vocab(self) -> int: ...
-    @property
-    def n_layer(self) -> int: ...
-    @property
-    def n_head(self) -> int: ...
-    @property
-    def n_embd(self) -> int: ...
-    @property
-    def n_ff(self) -> int: ...
-    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int: ...
-
+from .modelinfo import ModelFacts, ModelInfo
 
 MiB = 1 << 20
 N_UBATCH = 512
@@ -171,15 +150,15 @@ class ModelMemory:
         return self.total - self.on_host
 
 
-def compute_allowance(m: ModelShape, n_ctx: int) -> int:
+def compute_allowance(m: ModelFacts, n_ctx: int) -> int:
     return _activations(m, n_ctx) + _logits(m, n_ctx) + RUNTIME_OVERHEAD
 
 
-def _activations(m: ModelShape, n_ctx: int) -> int:
+def _activations(m: ModelFacts, n_ctx: int) -> int:
     return 4 * min(N_UBATCH, n_ctx) * (m.n_head * n_ctx + 4 * m.n_embd + m.n_ff)
 
 
-def _logits(m: ModelShape, n_ctx: int) -> int:
+def _logits(m: ModelFacts, n_ctx: int) -> int:
     return 4 * min(N_UBATCH, n_ctx) * m.n_vocab
 
 
@@ -265,7 +244,7 @@ def _state_per_layer(m: ModelInfo, n_layer: int) -> np.ndarray:
     return out
 
 
-def estimate_local(m: ModelShape, role: str, n_ctx: int, cache_type: str = "f16") -> ModelMemory:
+def estimate_local(m: ModelFacts, role: str, n_ctx: int, cache_type: str = "f16") -> ModelMemory:
     """One model wholly in this machine's RAM (a CPU run; unified memory), from header totals
     alone: what draft discovery shows for files it has only summarised."""
     kv = m.kv_bytes(n_ctx, cache_type)

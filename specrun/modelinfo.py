@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,43 @@ class LayerWeights:
 
 def kv_bytes_per_token(elems: int, cache_type: str = "f16") -> int:
     return int(elems * CACHE_TYPE_BYTES[cache_type])
+
+
+class ModelFacts(Protocol):
+    """The one model record the checks read: a model's header facts, whether read now
+    (:class:`ModelInfo`) or cached from an earlier read (``catalog.Summary``). The vocabulary
+    rules (``compat``) read the tokenizer fields, the whole-model memory estimate (``memory``)
+    the shape; a placed estimate needs the tensors, so a ModelInfo."""
+
+    @property
+    def tokenizer_model(self) -> str: ...
+    @property
+    def tokenizer_pre(self) -> str | None: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def eos_id(self) -> int | None: ...
+    @property
+    def eot_id(self) -> int | None: ...
+    @property
+    def pad_id(self) -> int | None: ...
+    @property
+    def add_bos(self) -> bool | None: ...
+    @property
+    def add_eos(self) -> bool | None: ...
+    @property
+    def weights_bytes(self) -> int: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_ff(self) -> int: ...
+    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int: ...
 
 
 @dataclass

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 from . import rpc
 from .backend import LoadOptions, Model
+from .config import PairConfig
+from .inventory import inventory
 from .memory import Dev
 from .placement import fit, plan
-from .session import OpenPair, PairConfig, inventory
+from .session import OpenPair
 
 SIZES = (1, 2, 4, 8, 16, 32)
 

@@ -1,4 +1,9 @@
-"""check-pair: vocabulary compatibility plus the memory fit per device, from headers only."""
+"""Assessing a pair from headers only: vocabulary compatibility, where each model would go, the
+memory fit per device and, when it does not fit, the settings that would.
+
+``assess`` is the one pipeline (check, plan, fit, proposals) that ``specrun check-pair`` reports
+and that opening a pair for generation (``session.open_pair``) acts on. Which other files could
+draft for a target is ``discovery``'s question, not this module's."""
 
 from __future__ import annotations
 
@@ -7,10 +12,30 @@ from pathlib import Path
 
 from .architecture import require_loadable
 from .compat import Compatibility, check_vocab
-from .errors import SpecrunError
 from .memory import Dev, Fit, GpuQuery, local_devices
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, PlacementSettings, Settings, fit, plan, proposals
+
+
+@dataclass
+class Assessment:
+    """A pair over a set of devices: the vocabulary check (None without a draft), the placement
+    and its fit (with the proposals that would fit, when it does not)."""
+
+    compat: Compatibility | None
+    placement: Placement
+    fit: Fit
+
+
+def assess(s: Settings, inv: list[Dev], t: ModelInfo, d: ModelInfo | None, note: str = "") -> Assessment:
+    """Check the vocabularies, place both models as they would load over ``inv``, fit them
+    device by device, and when they do not fit, find the settings that would."""
+    compat = check_vocab(t, d) if d is not None else None
+    where = plan(s, inv, t, d)
+    f = fit(where, inv, t, d, s.n_ctx, note)
+    if not f.fits:
+        f.proposals = proposals(s, inv, t, d)
+    return Assessment(compat, where, f)
 
 
 @dataclass
@@ -47,44 +72,19 @@ def check_pair(
     target: Path | ModelInfo,
     draft: Path | ModelInfo,
     settings: Settings | None = None,
-    candidates: dict[str, Path] | None = None,
     gpu_query: GpuQuery | None = None,
     remote: list[Dev] | None = None,
     available_ram: int | None = None,
 ) -> PairReport:
-    """Read both headers, compare vocabularies, place the pair as it would load (``settings``:
-    context, layers, devices, split) over this machine's GPUs (NVML), ``remote`` RPC devices and
-    RAM, and lay the memory out per device; when it does not fit, the settings that would.
-    ``candidates`` (registry name -> path of files present) are searched for drafts that would
-    match on a mismatch. An architecture the installed llama.cpp cannot load is an error."""
+    """Read both headers and assess the pair (``settings``: context, layers, devices, split)
+    over this machine's GPUs (NVML), ``remote`` RPC devices and RAM. An architecture the
+    installed llama.cpp cannot load is an error."""
     s = settings if settings is not None else PlacementSettings()
     t = target if isinstance(target, ModelInfo) else model_info(target)
     d = draft if isinstance(draft, ModelInfo) else model_info(draft)
     for m in (t, d):
         require_loadable(m.arch, m.path.name)
-    compat = check_vocab(t, d)
     local, note = local_devices(gpu_query, available_ram)
-    inv = list(remote or []) + local
-    where = plan(s, inv, t, d)
-    f = fit(where, inv, t, d, s.n_ctx, note)
-    if not f.fits:
-        f.proposals = proposals(s, inv, t, d)
-    report = PairReport(t, d, compat, f, s.n_ctx, placement=where)
-    if not compat.compatible and candidates:
-        report.suggestions = suggest_drafts(t, candidates, exclude={t.path, d.path})
-    return report
-
-
-def suggest_drafts(t: ModelInfo, candidates: dict[str, Path], exclude=frozenset(), limit: int = 3) -> list[str]:
-    """Registry models present on disk whose vocabulary matches ``t``, smallest first."""
-    found = []
-    for name, path in candidates.items():
-        if path in exclude or not path.is_file() or path.stat().st_size >= t.file_size:
-            continue  # a draft must be smaller than its target; skip reading bigger headers
-        try:
-            m = model_info(path)
-        except SpecrunError:
-            continue
-        if m.weights_bytes < t.weights_bytes and check_vocab(t, m).compatible:
-            found.append((m.weights_bytes, name))
-    return [name for _, name in sorted(found)[:limit]]
+    a = assess(s, list(remote or []) + local, t, d, note)
+    assert a.compat is not None
+    return PairReport(t, d, a.compat, a.fit, s.n_ctx, placement=a.placement)

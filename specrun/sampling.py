@@ -102,11 +102,6 @@ class Sampler:
         t = np.exp((z - z[0]) / self.temperature)
         return Dist(ids.astype(np.int64), t / t.sum())
 
-    def pick(self, logits: np.ndarray, rng: np.random.Generator) -> int:
-        if self.greedy:
-            return int(np.argmax(logits))
-        return self.dist(logits).sample(rng)
-
 
 def residual(p: Dist, q: Dist) -> Dist:
     """norm(max(0, p - q)), the distribution a rejected position is resampled from."""

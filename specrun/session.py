@@ -1,8 +1,10 @@
 """Opening a target/draft pair for generation: resolve, check first, then load, then report.
 
 Shared by every front end that loads models (generate, chat, bench, serve): resolving the
-names, opening the pair, the engine with this machine's stored costs, and the chat prompt.
-Returns notices as strings; the front end shows them.
+names, opening the pair (how to load it is ``config.PairConfig``, the devices it may use
+``inventory``, the assessment before loading ``pair.assess``), and the engine with this
+machine's stored costs. The chat prompt of an open pair is ``prompt``. Returns notices as
+strings; the front end shows them.
 """
 
 from __future__ import annotations
@@ -15,62 +17,28 @@ from typing import TYPE_CHECKING
 
 from .architecture import require_loadable
 from .compat import check_vocab
+from .config import PairConfig
 from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
 from .heads import Heads, heads_of
+from .inventory import connect
 from .learned import CostStore
-from .memory import Dev, host_device
+from .memory import Dev
 from .modelinfo import ModelInfo, model_info
-from .placement import Placement, check_settings, describe, fit, plan, proposals
+from .pair import assess
+from .placement import Placement, describe
 from .registry import Registry, Resolved
-from .rpc import parse_endpoints
 from .sampling import Sampler
-from .template import ChatTemplate, render_chat
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from .backend import Device, Model, MtpHeads
+    from .backend import Model, MtpHeads
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
     'reinstall with: CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
     "llama-cpp-python (Apple Silicon: -DGGML_METAL=on), or run scripts/install.sh"
 )
-
-
-@dataclass(frozen=True)
-class PairConfig:
-    """How to load a pair. Every front end builds one of these; its defaults are the defaults."""
-
-    n_ctx: int = 4096
-    gpu_layers: int = -1
-    gpu_layers_draft: int | None = None
-    threads: int = field(default_factory=lambda: default_threads())
-    verbose: bool = False
-    # placement (see placement.py): device names for each model (None: specrun's default, which
-    # puts the draft wholly on one local GPU; () the CPU alone), the target's proportions per
-    # device, llama.cpp's split mode and main GPU, and the RPC workers whose devices join in
-    devices: tuple[str, ...] | None = None
-    devices_draft: tuple[str, ...] | None = None
-    tensor_split: tuple[float, ...] | None = None
-    split_mode: str = "layer"
-    main_gpu: int | None = None
-    rpc: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        _check_range("n_ctx", self.n_ctx, 16, 1 << 24)
-        _check_range("threads", self.threads, 1, 1024)
-        _check_range("gpu_layers", self.gpu_layers, -1)
-        if self.gpu_layers_draft is not None:
-            _check_range("gpu_layers_draft", self.gpu_layers_draft, -1)
-        check_settings(self)
-        if self.rpc:
-            parse_endpoints(self.rpc)
-
-
-def default_threads() -> int:
-    """All cores up to 8 (more rarely helps token generation, which is memory-bound)."""
-    return max(1, min(os.cpu_count() or 2, 8))
 
 
 def cache_dir() -> Path:
@@ -83,12 +51,6 @@ def cache_dir() -> Path:
 
 def cost_store() -> CostStore:
     return CostStore(cache_dir() / "costs.json")
-
-
-def _check_range(field: str, value: int, lo: int, hi: int | None = None) -> None:
-    if value < lo or (hi is not None and value > hi):
-        bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise UsageError(f"{{{field}}} must be {bounds}, got {value}", f"pass a value {bounds}", field)
 
 
 def require_file(r: Resolved) -> Resolved:
@@ -172,34 +134,6 @@ class OpenPair:
         self.target.close()
 
 
-def inventory(found: list[Device]) -> list[Dev]:
-    """ggml's devices as placement sees them: local GPUs, RPC devices, and this machine's RAM
-    (psutil's available memory: ggml reports the CPU's total as free)."""
-    out = []
-    for d in found:
-        if d.is_rpc:
-            out.append(Dev(d.name, "rpc", d.free, d.total, d.description))
-        elif d.kind in ("gpu", "igpu"):
-            out.append(Dev(d.name, "gpu", d.free, d.total, d.description))
-    return out + [host_device()]
-
-
-def remote_devices(endpoints: tuple[str, ...]) -> list[Dev]:
-    """The devices of these RPC workers (reached with a bounded handshake first)."""
-    from . import backend
-
-    return [Dev(d.name, "rpc", d.free, d.total, d.description) for d in backend.add_workers(endpoints)]
-
-
-def connect(cfg: PairConfig) -> list[Dev]:
-    """Reach the RPC workers (bounded; unreachable ones are an error naming them) and list
-    every device the pair could use."""
-    from . import backend
-
-    backend.add_workers(cfg.rpc)
-    return inventory(backend.devices())
-
-
 def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads: bool = False) -> OpenPair:
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
     place both models, check the fit per device, then load both; with ``heads``, the target's
@@ -221,11 +155,11 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
             )
     notices = []
     inv = connect(cfg)
-    placement = plan(cfg, inv, t_info, d_info)
+    a = assess(cfg, inv, t_info, d_info)
+    placement, f = a.placement, a.fit
     notices += [f"warning: {n}" for n in placement.notes]
-    f = fit(placement, inv, t_info, d_info, cfg.n_ctx)
     if not f.fits:
-        fix = "; ".join(proposal_flags(p.settings) for p in proposals(cfg, inv, t_info, d_info))
+        fix = "; ".join(proposal_flags(p.settings) for p in f.proposals)
         notices.append(
             f"warning: the models may not fit ({f.short()}); " + (f"this would: {fix}" if fix else "lower {n_ctx} or pick smaller models")
         )
@@ -326,23 +260,3 @@ def open_engine(
         if why and on_notice is not None:
             on_notice(f"the machine was busy while measuring ({why}): these costs serve this run only and are not stored")
     return engine
-
-
-def model_template(pair: OpenPair) -> ChatTemplate:
-    """The target's chat template, with its BOS and EOS token texts."""
-    info = pair.target_info
-    tok = info.tokens
-
-    def text(i: int | None) -> str:
-        return tok[i] if i is not None and 0 <= i < len(tok) else ""
-
-    return ChatTemplate(info.chat_template, text(info.bos_id), text(info.eos_id))
-
-
-def chat_prompt(pair: OpenPair, messages: list[dict], warn: Callable[[str], None] | None = None) -> list[int]:
-    """Messages rendered with the model's template, as token ids. Templates that write the
-    BOS text themselves do not get a second one from the tokenizer."""
-    tmpl = model_template(pair)
-    text = render_chat(tmpl, messages, warn)
-    bos = tmpl.bos_token
-    return pair.target.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)

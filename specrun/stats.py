@@ -5,7 +5,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "context", "stop_string", "interrupted")
+
+def add_per_position(proposed_at: list[int], accepted_at: list[int], run: RunStats) -> None:
+    """Add ``run``'s drafts proposed and accepted at each draft position to the two lists,
+    which grow to the longest draft seen."""
+    for i, (p, a) in enumerate(zip(run.proposed_at, run.accepted_at)):
+        if i >= len(proposed_at):
+            proposed_at.append(0)
+            accepted_at.append(0)
+        proposed_at[i] += p
+        accepted_at[i] += a
 
 
 @dataclass(frozen=True)
@@ -87,12 +96,7 @@ class RunStats:
             "n_target_decodes n_drafted n_accepted n_drafted_rounds"
         ).split():
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for i, (p, a) in enumerate(zip(other.proposed_at, other.accepted_at)):
-            if i >= len(self.proposed_at):
-                self.proposed_at.append(0)
-                self.accepted_at.append(0)
-            self.proposed_at[i] += p
-            self.accepted_at[i] += a
+        add_per_position(self.proposed_at, self.accepted_at, other)
         for k, v in other.by_source.items():
             mine = self.by_source.setdefault(k, [0, 0, 0])
             for i in range(3):

@@ -194,7 +194,7 @@ def test_two_turns_reuse_the_cache_then_reset_and_quit(spawn, tokenizer):
 
     # Ctrl-C at the prompt cancels the line only
     t.send("half a line")
-    time.sleep(0.3)
+    t.expect(r"half a line")  # readline has the line (it echoed it): the Ctrl-C lands in its input
     t.send("\x03")
     t.expect(PROMPT)
     t.send("/stats\r")
@@ -253,10 +253,8 @@ def test_ctrl_d_exits_zero(spawn):
 def test_sigterm_at_the_prompt_exits_143(spawn):
     t = spawn("-n", "24", draft=False)
     t.expect(PROMPT)
-    t0 = time.monotonic()
     os.kill(t.pid, signal.SIGTERM)
-    assert t.wait() == 143
-    assert time.monotonic() - t0 < 30  # now, not after the next line (generous: loaded CI machines)
+    assert t.wait() == 143  # with nothing more typed: it does not wait for the next line
     t.expect(r"^session: ")
 
 

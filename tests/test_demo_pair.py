@@ -72,11 +72,14 @@ def plain_gaps(t, prompt, plain):
 
 
 def check_same(label, out, plain, gaps):
+    """0 if ``out`` is ``plain``; 1 if it differs first at a near-tie. ``gaps()`` is the plain
+    run's gaps, computed (one more pass of the target) only when a run differs."""
     i = next((j for j, (a, b) in enumerate(zip(out, plain)) if a != b), None)
     if i is None:
         assert len(out) == len(plain), label
         return 0
-    assert gaps[i] < BATCH_NOISE, f"{label}: differs at {i}, where the plain gap is {gaps[i]:.3f} (confident)"
+    gap = gaps()[i]
+    assert gap < BATCH_NOISE, f"{label}: differs at {i}, where the plain gap is {gap:.3f} (confident)"
     return 1
 
 
@@ -84,17 +87,19 @@ def check_same(label, out, plain, gaps):
 def test_qwen_pair_matches_plain_up_to_llama_cpp_batch_noise(pair, i):
     t, d = pair
     plain, _ = run(t, None, Settings("none"), PROMPTS[i])
-    gaps = plain_gaps(t, PROMPTS[i], plain)
     fixed, fs = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[i])
     hybrid, hs = run(t, d, Settings("hybrid", draft_max=8), PROMPTS[i])
     ngram, _ = run(t, None, Settings("ngram", draft_max=8), PROMPTS[i])
+    found: list[list[float]] = []
+
+    def gaps() -> list[float]:
+        if not found:
+            found.append(plain_gaps(t, PROMPTS[i], plain))
+        return found[0]
+
     flips = sum(check_same(n, o, plain, gaps) for n, o in (("fixed", fixed), ("hybrid", hybrid), ("ngram", ngram)))
     assert fs.n_drafted > 0 and fs.acceptance_rate > 0.4
-    near = sum(g < BATCH_NOISE for g in gaps)
-    print(
-        f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}, "
-        f"{near}/{len(gaps)} positions are near-ties, {flips}/3 runs flipped one"
-    )
+    print(f"prompt {i}: acceptance {fs.acceptance_rate:.2f}, mean accepted {fs.mean_accept_len:.2f}, {flips}/3 runs flipped one")
 
 
 def test_qwen_pair_detokenizes_to_sensible_code(pair):

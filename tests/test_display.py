@@ -190,11 +190,12 @@ def test_pair_table_compatible(tiny):
 
 
 def test_pair_table_incompatible_with_suggestion(tiny):
-    r = fixed_fit_report(tiny["target"], tiny["other-family"], candidates={"small": tiny["draft-small"]})
+    r = fixed_fit_report(tiny["target"], tiny["other-family"])
+    r.suggestions = ["small"]
     text = squash(render(pair_table(r)))
     assert "NO: incompatible vocabularies" in text
     assert "tokenizer model: target uses 'gpt2', draft uses 'llama'" in text
-    assert "drafts in your registry that match the target: small" in text
+    assert "known drafts that match the target: small (`specrun drafts` lists them all)" in text
     assert row(render(pair_table(r)), "tokenizer model")[1:4] == ["gpt2", "llama", "FAIL"]
     assert row(render(pair_table(r)), "pre-tokenizer")[3] == "differs"
 

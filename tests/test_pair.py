@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
 import re
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
 from specrun.backend import LoadOptions, Model
+from specrun.cli.main import main
 from specrun.compat import check_vocab
+from specrun.errors import EXIT_FAIL
 from specrun.memory import Gpu, GpuQuery, check_fit, estimate, host_device
 from specrun.modelinfo import model_info
 from specrun.pair import check_pair
@@ -90,12 +95,14 @@ def test_no_gpu_checks_system_ram(tiny):
     assert r.fit.fits and "system RAM" in r.fit.note and r.placement.target.devices == ()
 
 
-def test_check_pair_suggests_matching_drafts(tiny):
-    r = check_pair(
-        tiny["target"],
-        tiny["other-family"],
-        candidates={"small": tiny["draft-small"], "other": tiny["other-family"]},
-        gpu_query=GpuQuery([], problem="none"),
-    )
-    assert not r.compat.compatible
-    assert r.suggestions == ["small"]
+def test_check_pair_suggests_matching_drafts(tiny, tmp_path):
+    """An incompatible pair names the known files that could draft instead, found as `specrun
+    drafts` finds them (one finder)."""
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'[models.small]\npath = "{tiny["draft-small"]}"\n[models.other]\npath = "{tiny["other-family"]}"\n')
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["check-pair", "-m", str(tiny["target"]), "-d", "other", "--registry", str(reg), "--json"])
+    r = json.loads(out.getvalue())
+    assert code == EXIT_FAIL and r["compatible"] is False, err.getvalue()
+    assert r["suggested_drafts"] == ["small"]

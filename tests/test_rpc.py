@@ -1,9 +1,9 @@
-"""Past one GPU and one machine: placement settings, the per-device fit, and llama.cpp RPC workers.
+"""Past one machine: llama.cpp RPC workers (the placement and memory over devices are tested in
+test_placement.py and test_memory.py).
 
 Three tiers:
 
-* pure: parsing and checking the placement settings, and the placement and fit on hand-built
-  Llama-shaped headers against NVML's answer (the one fake: ``memory.query_gpus``);
+* pure: parsing and checking the endpoints, and the handshake against scripted peers;
 * real RPC on loopback: ``specrun worker`` subprocesses on 127.0.0.1 serving this CPU, and
   ``specrun`` subprocesses using them (never this test process: ggml registers a worker's devices
   for the life of the process, and a lost worker aborts it);
@@ -23,7 +23,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -31,13 +30,12 @@ import pytest
 from serve_helpers import Server
 
 from specrun import rpc
+from specrun.config import PairConfig
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, UsageError, WorkerMismatch, WorkerUnreachable
-from specrun.gguf_header import GGUFHeader, TensorInfo
-from specrun.memory import HEADROOM_FRACTION, Dev, Gpu, GpuQuery, estimate, layer_devices
+from specrun.memory import Dev, layer_devices
 from specrun.modelinfo import model_info
-from specrun.pair import check_pair
-from specrun.placement import PlacementSettings, fit, parse_device_list, parse_tensor_split, plan
-from specrun.session import PairConfig, cost_key
+from specrun.placement import plan
+from specrun.session import cost_key
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 GiB = 1 << 30
@@ -123,259 +121,6 @@ def test_endpoints_are_parsed_and_checked():
         with pytest.raises(UsageError) as e:
             rpc.parse_endpoints(bad)
         assert needle in str(e.value) and e.value.field == "rpc"
-
-
-def test_placement_settings_are_checked_without_devices():
-    assert parse_device_list("CUDA0, RPC0") == ("CUDA0", "RPC0")
-    assert parse_device_list("none") == ()
-    assert parse_tensor_split("3/1") == (3.0, 1.0)
-    cases = [
-        (lambda: parse_tensor_split("1,-2"), "tensor_split", ">= 0"),
-        (lambda: parse_tensor_split("0,0"), "tensor_split", "all zeros"),
-        (lambda: parse_tensor_split("1,x"), "tensor_split", "numbers"),
-        (lambda: parse_device_list("CUDA0,none"), "devices", "'none'"),
-        (lambda: parse_device_list("CUDA0,,CUDA1"), "devices", "commas"),
-        (lambda: parse_device_list("CUDA0,cuda0"), "devices", "twice"),
-        (lambda: PairConfig(split_mode="rows"), "split_mode", "layer, row, none"),
-        (lambda: PairConfig(main_gpu=-1), "main_gpu", ">= 0"),
-        (lambda: PairConfig(main_gpu=1), "main_gpu", "not layer"),
-        (lambda: PairConfig(split_mode="none", tensor_split=(1.0, 1.0)), "tensor_split", "no effect"),
-        (lambda: PairConfig(devices=(), tensor_split=(1.0,)), "tensor_split", "CPU alone"),
-        (lambda: PairConfig(rpc=("nohost",)), "rpc", "HOST:PORT"),
-    ]
-    for make, field, needle in cases:
-        with pytest.raises(UsageError) as e:
-            make()
-        assert e.value.field == field and needle in str(e.value), str(e.value)
-
-
-def test_placement_flags_from_the_command_line(tiny):
-    """Each bad value is one line naming the flag, exit 2, before anything loads."""
-    base = ["check-pair", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"])]
-    for extra, flag in [
-        (["-dev", "CUDA7"], "--device"),
-        (["-devd", "RPC3"], "--device-draft"),
-        (["-ts", "1,-1"], "--tensor-split"),
-        (["-ts", "1,1"], "--tensor-split"),  # two values for the CPU alone: this machine has no device
-        (["-sm", "diagonal"], "--split-mode"),
-        (["-mg", "-1"], "--main-gpu"),
-        (["--rpc", "localhost"], "--rpc"),
-    ]:
-        p = specrun(*base, *extra)
-        assert p.returncode == EXIT_USAGE, (extra, p.stderr)
-        assert flag in error_line(p.stderr), (extra, p.stderr)
-    p = specrun(*base, "-dev", "CUDA7")
-    assert "this machine has no GPU or RPC device" in p.stderr and "specrun devices" in p.stderr
-
-
-# --- layers and memory per device, on hand-built headers -----------------------------------------
-
-Q4_K, Q6_K, F32 = 12, 14, 0
-BLOCK = {Q4_K: (256, 144), Q6_K: (256, 210), F32: (1, 4)}
-
-
-def llama_like(name: str, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_kv: int, tokens: list[str]) -> GGUFHeader:
-    """A Llama-3-shaped GGUF header (Q4_K_M-like types), with no file behind it."""
-    hd = n_embd // n_head
-    tensors: list[TensorInfo] = []
-
-    def add(tname: str, shape: tuple[int, ...], t: int) -> None:
-        per, size = BLOCK[t]
-        n = 1
-        for d in shape:
-            n *= d
-        tensors.append(TensorInfo(tname, shape, t, 0, n // per * size))
-
-    add("token_embd.weight", (n_embd, len(tokens)), Q4_K)
-    for i in range(n_layer):
-        add(f"blk.{i}.attn_norm.weight", (n_embd,), F32)
-        add(f"blk.{i}.attn_q.weight", (n_embd, n_embd), Q4_K)
-        add(f"blk.{i}.attn_k.weight", (n_embd, n_kv * hd), Q4_K)
-        add(f"blk.{i}.attn_v.weight", (n_embd, n_kv * hd), Q6_K)
-        add(f"blk.{i}.attn_output.weight", (n_embd, n_embd), Q4_K)
-        add(f"blk.{i}.ffn_norm.weight", (n_embd,), F32)
-        add(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff), Q4_K)
-        add(f"blk.{i}.ffn_up.weight", (n_embd, n_ff), Q4_K)
-        add(f"blk.{i}.ffn_down.weight", (n_ff, n_embd), Q6_K)
-    add("output_norm.weight", (n_embd,), F32)
-    add("output.weight", (n_embd, len(tokens)), Q6_K)
-    meta = {
-        "general.architecture": "llama",
-        "general.name": name,
-        "general.file_type": 15,  # Q4_K_M
-        "llama.block_count": n_layer,
-        "llama.embedding_length": n_embd,
-        "llama.feed_forward_length": n_ff,
-        "llama.attention.head_count": n_head,
-        "llama.attention.head_count_kv": n_kv,
-        "llama.context_length": 131072,
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "llama-bpe",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.bos_token_id": 0,
-        "tokenizer.ggml.eos_token_id": 1,
-    }
-    size = sum(t.nbytes for t in tensors)
-    return GGUFHeader(Path(f"{name}.gguf"), 3, size, 32, 0, meta, tensors)
-
-
-@pytest.fixture(scope="module")
-def big():
-    tokens = [f"t{i}" for i in range(128256)]
-    return {
-        "70b": model_info(llama_like("llama-70b", 80, 8192, 28672, 64, 8, tokens)),
-        "8b": model_info(llama_like("llama-8b", 32, 4096, 14336, 32, 8, tokens)),
-        "1b": model_info(llama_like("llama-1b", 16, 2048, 8192, 32, 8, tokens)),
-    }
-
-
-def gpus(*free_total: tuple[float, float]) -> GpuQuery:
-    return GpuQuery([Gpu(i, "RTX 4090", int(t * GiB), int(f * GiB)) for i, (f, t) in enumerate(free_total)], driver="555.0")
-
-
-def test_the_synthetic_models_are_the_sizes_of_the_real_ones(big):
-    assert 40e9 < big["70b"].weights_bytes < 45e9  # Llama-3.1-70B Q4_K_M is about 42.5 GB
-    assert 4.3e9 < big["8b"].weights_bytes < 5.3e9  # 8B Q4_K_M: about 4.9 GB
-
-
-def test_layers_are_cut_as_llama_cpp_cuts_them():
-    # every layer offloaded, 3:1 over two devices: the first three quarters to the first
-    assert layer_devices(3, -1, ("A", "B"), (3.0, 1.0)) == ["A", "A", "A", "B"]
-    # the last gpu_layers are offloaded; the rest (from layer 0) stay on the CPU
-    assert layer_devices(5, 2, ("A",), (1.0,)) == ["CPU", "CPU", "CPU", "CPU", "A", "A"]
-    assert layer_devices(4, -1, (), ()) == ["CPU"] * 5
-    # a device given 0 gets nothing
-    assert "B" not in layer_devices(9, -1, ("A", "B", "C"), (1.0, 0.0, 1.0))
-
-
-def test_per_device_estimate_adds_up(big):
-    m = big["70b"]
-    one = estimate(m, "target", 4096, -1)  # all on the CPU
-    two = estimate(m, "target", 4096, -1, ("CUDA0", "CUDA1"), (0.5, 0.5))
-    assert one.weights == m.weights_bytes and one.on_devices == 0
-    # the same weights and KV, moved; each device gets its own compute buffer and runtime
-    assert two.weights == one.weights and two.kv_cache == one.kv_cache
-    assert abs(two.by_device["CUDA0"] - two.by_device["CUDA1"]) < 0.06 * two.by_device["CUDA0"]
-    assert two.on_host < 0.03 * two.total  # the token embeddings and the runtime
-    tied = model_info(llama_like("tied", 2, 256, 512, 4, 2, [f"t{i}" for i in range(1000)]))
-    tied.header.tensors[:] = [t for t in tied.header.tensors if t.name != "output.weight"]
-    on_gpu = estimate(tied, "target", 512, -1, ("CUDA0",), (1.0,))
-    embd = next(t.nbytes for t in tied.header.tensors if t.name == "token_embd.weight")
-    assert on_gpu.weights == tied.weights_bytes + embd  # tied embeddings are copied to the output layer's device
-
-
-def shares(report) -> dict[str, tuple[int, int, int]]:
-    return {s.device.name: (s.target, s.draft, s.device.free) for s in report.fit.shares}
-
-
-def test_two_24gb_gpus_cannot_hold_a_70b_and_an_8b_whole_and_it_says_what_would(big):
-    """NVML says: two 24 GB GPUs, nearly all free. 42 GB + 5 GB + caches is more than they hold."""
-    gq = gpus((23.5, 24), (23.5, 24))
-    r = check_pair(big["70b"], big["8b"], gpu_query=gq, available_ram=128 * GiB)
-    assert r.compat.compatible and not r.fit.fits
-    # the draft is wholly on one GPU, the target over both
-    assert len(r.placement.draft.devices) == 1 and r.placement.target.devices == ("CUDA0", "CUDA1")
-    (p,) = r.fit.proposals
-    ngl = int(p.settings["gpu_layers"])
-    assert 0 < ngl < 81 and p.settings["gpu_layers_draft"] == "-1"
-    # the proposal fits when planned again, and one more layer would not: it is the largest
-    inv = [Dev(f"CUDA{i}", "gpu", g.free, g.total, g.name) for i, g in enumerate(gq.gpus)] + [Dev("CPU", "cpu", 128 * GiB, 128 * GiB)]
-    for n, fits in ((ngl, True), (ngl + 1, False)):
-        s = PlacementSettings(gpu_layers=n, gpu_layers_draft=-1)
-        assert fit(plan(s, inv, big["70b"], big["8b"]), inv, big["70b"], big["8b"], 4096).fits is fits
-    # ...and keeps the draft whole on one GPU
-    again = check_pair(big["70b"], big["8b"], PlacementSettings(gpu_layers=ngl, gpu_layers_draft=-1), gpu_query=gq, available_ram=128 * GiB)
-    assert again.fit.fits and len(again.placement.draft.devices) == 1
-    on = shares(again)
-    d = again.placement.draft.devices[0]
-    assert on[d][1] >= estimate(big["8b"], "draft", 4096, -1).total - estimate(big["8b"], "draft", 4096, -1).on_host - 2 * 64 * 2**20
-
-
-def test_with_room_the_target_leaves_the_draft_its_own_gpu(big):
-    """Three 48 GB GPUs and a 42 GB target: the target fits on two, the draft gets the third."""
-    r = check_pair(big["70b"], big["8b"], gpu_query=gpus((40, 48), (47, 48), (44, 48)), available_ram=128 * GiB)
-    assert r.fit.fits
-    (d,) = r.placement.draft.devices
-    assert d == "CUDA1"  # the most free
-    assert d not in r.placement.target.devices and len(r.placement.target.devices) == 2
-    assert shares(r)[d][0] == 0
-
-
-def test_three_gpus_with_the_users_tensor_split(big):
-    gq = gpus((23, 24), (23, 24), (23, 24))
-    s = PlacementSettings(tensor_split=(3.0, 2.0, 2.0))
-    r = check_pair(big["70b"], big["8b"], s, gpu_query=gq, available_ram=128 * GiB)
-    assert r.placement.target.devices == ("CUDA0", "CUDA1", "CUDA2")
-    assert r.placement.target.split == pytest.approx((3 / 7, 2 / 7, 2 / 7))
-    on = shares(r)
-    t0, t1, t2 = (on[f"CUDA{i}"][0] for i in range(3))
-    assert 1.3 < t0 / t1 < 1.7 and 0.85 < t1 / t2 < 1.15  # the layers follow the split
-    # the draft goes where the most is left after the target's share, and the split is kept
-    left = {n: free - t for n, (t, _, free) in on.items() if n.startswith("CUDA")}
-    assert r.placement.draft.devices == (max(left, key=left.get),) and r.placement.draft.devices != ("CUDA0",)
-    assert r.fit.fits
-    # a split of the wrong length names both counts
-    with pytest.raises(UsageError) as e:
-        check_pair(big["70b"], big["8b"], PlacementSettings(tensor_split=(1.0, 1.0)), gpu_query=gq)
-    assert "2 values" in str(e.value) and "3 devices" in str(e.value) and e.value.field == "tensor_split"
-
-
-def test_a_split_that_overfills_one_gpu_gets_a_balanced_one_proposed(big):
-    gq = gpus((23, 24), (23, 24), (23, 24))
-    r = check_pair(big["70b"], big["8b"], PlacementSettings(tensor_split=(6.0, 1.0, 1.0)), gpu_query=gq, available_ram=128 * GiB)
-    assert not r.fit.fits and "CUDA0" in r.fit.short()
-    (p,) = r.fit.proposals
-    ts = tuple(float(x) for x in p.settings["tensor_split"].split(","))
-    assert len(ts) == 3
-    assert check_pair(big["70b"], big["8b"], PlacementSettings(tensor_split=ts), gpu_query=gq, available_ram=128 * GiB).fit.fits
-
-
-def test_one_gpu_almost_full(big):
-    # beside a free GPU: the draft takes the free one, the full one gets (almost) nothing
-    r = check_pair(big["8b"], big["1b"], gpu_query=gpus((0.3, 24), (23, 24)), available_ram=64 * GiB)
-    assert r.fit.fits and r.placement.draft.devices == ("CUDA1",)
-    assert shares(r)["CUDA0"][0] <= 0.3 * GiB * (1 - HEADROOM_FRACTION)
-    # alone: nothing fits whole; the proposals fit, and the first is the most on the GPU that fits
-    r = check_pair(big["8b"], big["1b"], gpu_query=gpus((2.0, 24)), available_ram=64 * GiB)
-    assert not r.fit.fits and r.fit.proposals
-    p = r.fit.proposals[0]
-    assert p.fit is not None and p.fit.fits
-    ngl = int(p.settings["gpu_layers"])
-    inv = [Dev("CUDA0", "gpu", 2 * GiB, 24 * GiB), Dev("CPU", "cpu", 64 * GiB, 64 * GiB)]
-    assert not fit(
-        plan(PlacementSettings(gpu_layers=ngl + 1, gpu_layers_draft=-1), inv, big["8b"], big["1b"]), inv, big["8b"], big["1b"], 4096
-    ).fits
-
-
-def test_nothing_fits_says_so(big):
-    r = check_pair(big["70b"], big["8b"], gpu_query=gpus((1, 24)), available_ram=8 * GiB)
-    assert not r.fit.fits and r.fit.proposals == []
-
-
-def test_user_devices_are_checked_against_what_exists(big):
-    gq = gpus((20, 24), (20, 24))
-    with pytest.raises(UsageError) as e:
-        check_pair(big["8b"], big["1b"], PlacementSettings(devices=("CUDA0", "CUDA5")), gpu_query=gq)
-    assert "'CUDA5'" in str(e.value) and "CUDA0, CUDA1" in str(e.value) and e.value.field == "devices"
-    with pytest.raises(UsageError) as e:
-        check_pair(big["8b"], big["1b"], PlacementSettings(devices_draft=("RPC0",)), gpu_query=gq)
-    assert "{rpc}" in e.value.message and e.value.field == "devices_draft"
-    with pytest.raises(UsageError) as e:
-        check_pair(big["8b"], big["1b"], PlacementSettings(split_mode="none", main_gpu=2), gpu_query=gq)
-    assert "out of range" in str(e.value) and e.value.field == "main_gpu"
-    r = check_pair(big["8b"], big["1b"], PlacementSettings(split_mode="none", main_gpu=1), gpu_query=gq)
-    assert r.placement.target.devices == ("CUDA1",)
-
-
-def test_rpc_devices_join_the_target_and_the_draft_stays_local(big):
-    worker = [Dev("RPC0", "rpc", 23 * GiB, 24 * GiB, "10.0.0.2:50052")]
-    r = check_pair(big["70b"], big["8b"], gpu_query=gpus((23.5, 24)), remote=worker, available_ram=128 * GiB)
-    # llama.cpp's order: the workers first, so the output layer (and the logits) stay here
-    assert r.placement.target.devices == ("RPC0", "CUDA0") and r.placement.draft.devices == ("CUDA0",)
-    assert shares(r)["RPC0"][1] == 0 and shares(r)["RPC0"][0] > 15 * GiB
-    r = check_pair(big["70b"], big["8b"], PlacementSettings(devices_draft=("10.0.0.2:50052",)), gpu_query=gpus((23.5, 24)), remote=worker)
-    assert r.placement.draft.devices == ("RPC0",)
-    assert any("round trip" in n for n in r.placement.notes)
 
 
 def test_costs_are_keyed_by_placement(tiny):
@@ -470,13 +215,18 @@ def test_mismatched_worker_is_refused_by_the_command(tiny):
 
 def test_a_silent_or_foreign_server_is_not_a_hang():
     silent = FakePeer(lambda size: None)
-    t0 = time.monotonic()
     try:
         with pytest.raises(WorkerUnreachable) as e:
             rpc.handshake(silent.endpoint, hello_timeout=1.0)
+        # the work it did: one connection per wire format at most, each hung up by specrun
+        # (it gave up on the silence instead of waiting on it)
+        assert 1 <= len(silent.held) <= 2
+        for c in silent.held:
+            c.settimeout(30)
+            assert c.recv(1) == b""
     finally:
         silent.close()
-    assert time.monotonic() - t0 < 3 and "one client at a time" in str(e.value)
+    assert "one client at a time" in str(e.value)
     http = FakePeer(lambda size: b"HTTP/1.1 400 Bad Request\r\n\r\n")
     try:
         with pytest.raises(WorkerUnreachable) as e:
@@ -489,20 +239,19 @@ def test_a_silent_or_foreign_server_is_not_a_hang():
 # --- real workers on loopback --------------------------------------------------------------------
 
 
-def test_unreachable_worker_is_exit_3_within_5_seconds(tiny):
+def test_unreachable_worker_is_exit_3_at_the_refusal(tiny):
     port = free_port()  # nothing listens there
     for argv in (
         ["generate", "-m", str(tiny["target"]), "-p", "hi", "-n", "4"],
         ["check-pair", "-m", str(tiny["target"]), "-d", str(tiny["draft-copy"])],
         ["devices"],
     ):
-        t0 = time.monotonic()
         p = specrun(*argv, "--rpc", f"127.0.0.1:{port}", timeout=30)
-        took = time.monotonic() - t0
         assert p.returncode == EXIT_INPUT, p.stderr
-        assert took < 5, f"{argv[0]} took {took:.1f} s"
         line = error_line(p.stderr)
         assert f"127.0.0.1:{port}" in line and "specrun worker" in line
+        # the first refusal ends it: no retry, no connect timeout waited out, nothing loaded
+        assert "refused the connection" in line and "did not answer within" not in p.stderr, p.stderr
 
 
 def test_specrun_rpc_environment_variable(worker):
@@ -577,14 +326,13 @@ def test_a_worker_killed_mid_generation_ends_the_command_cleanly(tiny):
         first = proc.stdout.read(40)  # generation has started
         assert first, proc.stderr.read()
         w.proc.kill()
-        t0 = time.monotonic()
         out, err = proc.communicate(timeout=30)
-        took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
         w.stop()
-    assert took < 5, f"it took {took:.1f} s to notice"
+    # it stopped at the loss: far short of the 4000 tokens (each at least one byte) it asked for
+    assert len((first + out).encode()) < 4000, len(first + out)
     assert proc.returncode == EXIT_INPUT, err
     line = error_line(err)
     assert w.endpoint in line and "lost the RPC worker" in line

@@ -19,11 +19,13 @@ import tempfile
 from pathlib import Path
 
 from specrun.bench import load_prompts
+from specrun.config import PairConfig
 from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.learned import CostStore, Learned
+from specrun.prompt import chat_prompt
 from specrun.sampling import Sampler
-from specrun.session import PairConfig, chat_prompt, open_engine, open_pair
+from specrun.session import open_engine, open_pair
 from specrun.stream import stream_generate
 
 MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")

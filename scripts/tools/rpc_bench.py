@@ -24,12 +24,14 @@ from pathlib import Path
 
 from specrun import rpc
 from specrun.bench import load_prompts
+from specrun.config import PairConfig
 from specrun.costs import CostStore
 from specrun.engine import Settings
 from specrun.network import measure
+from specrun.prompt import chat_prompt
 from specrun.registry import Registry
 from specrun.sampling import Sampler
-from specrun.session import PairConfig, chat_prompt, open_engine, open_pair
+from specrun.session import open_engine, open_pair
 from specrun.stream import stream_generate
 
 SPECRUN = Path(sys.executable).parent / "specrun"

@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tiny_m
 
 from specrun import backend  # noqa: E402
 from specrun.chat import ChatSession  # noqa: E402
+from specrun.config import PairConfig  # noqa: E402
 from specrun.costs import CostModel  # noqa: E402
 from specrun.engine import Engine, Settings  # noqa: E402
 from specrun.sampling import Sampler  # noqa: E402
-from specrun.session import PairConfig, open_pair  # noqa: E402
+from specrun.session import open_pair  # noqa: E402
 from specrun.stream import stream_generate  # noqa: E402
 from specrun.template import ChatTemplate  # noqa: E402
 

@@ -16,8 +16,9 @@ from ..display import NETWORK_COLUMNS, network_rows, network_table, network_titl
 from ..engine import Settings
 from ..errors import UsageError
 from ..learned import Learned
+from ..prompt import chat_prompt
 from ..sampling import Sampler
-from ..session import chat_prompt, cost_store, load_costs
+from ..session import cost_store, load_costs
 from .common import load_pair, print_json, stderr, stdout
 from .options import LOADING, Options, shared
 

@@ -16,7 +16,8 @@ from rich.text import Text
 from ..chat import ChatSession
 from ..display import event_text, stats_table, status_line, summary_line
 from ..errors import SpecrunError
-from ..session import cost_store, model_template, open_engine
+from ..prompt import model_template
+from ..session import cost_store, open_engine
 from ..stream import Event
 from .common import SignalStop, load_pair, stderr, stdout
 from .options import ALL, Options, flag_name, shared

@@ -9,8 +9,8 @@ import typer
 from ..discovery import drafts_for
 from ..display import drafts_table, pair_table
 from ..errors import EXIT_FAIL
+from ..inventory import remote_devices
 from ..pair import check_pair
-from ..session import remote_devices
 from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
 from .options import PLACEMENT, Options, long_flag, shared
 
@@ -56,9 +56,10 @@ def register(app: typer.Typer) -> None:
                 stdout().print(drafts_table(found))
             return 0 if found.any else EXIT_FAIL
         d = require_file(reg.resolve(draft))
-        candidates = {e.name: e.path for e in reg.entries.values()}
         cfg = opts.pair
-        report = check_pair(t.path, d.path, cfg, candidates, remote=remote_devices(cfg.rpc) if cfg.rpc else None)
+        report = check_pair(t.path, d.path, cfg, remote=remote_devices(cfg.rpc) if cfg.rpc else None)
+        if not report.compat.compatible:  # what could draft instead, by the same finder as `specrun drafts`
+            report.suggestions = [c.known.label for c in drafts_for(reg, t.path, t.label, cfg.n_ctx).drafts[:3]]
         if json_out:
             out = report.to_json()
             for p in out["memory"]["proposals"]:

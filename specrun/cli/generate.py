@@ -10,7 +10,8 @@ import typer
 
 from ..display import summary_line
 from ..errors import InputError, UsageError
-from ..session import OpenPair, chat_prompt, cost_store, open_engine
+from ..prompt import chat_prompt
+from ..session import OpenPair, cost_store, open_engine
 from ..stats import RunStats
 from ..stream import stream_generate
 from .common import SignalStop, load_pair, print_json, silence_stdout, stderr

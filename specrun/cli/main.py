@@ -8,6 +8,7 @@ directory, not GGUF, truncated or corrupt GGUF, unknown model or alias, invalid 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -51,6 +52,16 @@ def _register() -> None:
         mod.register(app)
 
 
+@functools.cache
+def _command() -> typer.core.TyperGroup:
+    """The click command tree, built once (building it is most of a header-only command's time
+    in-process)."""
+    _register()
+    cmd = typer.main.get_command(app)
+    assert isinstance(cmd, typer.core.TyperGroup)
+    return cmd
+
+
 def debug() -> bool:
     return os.environ.get("SPECRUN_DEBUG", "") not in ("", "0")
 
@@ -77,9 +88,8 @@ def die(err: SpecrunError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
-    _register()
     on_fatal(die)
-    cmd = typer.main.get_command(app)
+    cmd = _command()
     try:
         rv = cmd.main(args=argv, prog_name="specrun", standalone_mode=False)
         return rv if isinstance(rv, int) else 0

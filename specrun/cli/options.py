@@ -19,11 +19,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..config import PairConfig
 from ..engine import Settings
 from ..placement import parse_device_list, parse_tensor_split
 from ..rpc import parse_endpoints
 from ..sampling import Sampler
-from ..session import PairConfig
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     resolved = load_registry(opts.registry).resolve(opts.model)
     served = Served(
-        name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft=pair.labels[1],
+        name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft_model=pair.labels[1],
         n_ctx=pair.target.n_ctx, settings=settings, sampler=opts.sampler, api_key=key, max_body=max_body, flag_name=flag_name,
     )  # fmt: skip
     with TerminalView(err, quiet) as view:

@@ -10,9 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..config import default_threads
 from ..errors import BackendError, InputError, SpecrunError, UsageError
 from ..rpc import DEFAULT_PORT, PROTOCOL, is_loopback
-from ..session import default_threads
 from .common import SignalStop, stderr
 
 WARNING = (

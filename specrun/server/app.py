@@ -39,8 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Settings
 from ..errors import SpecrunError, UsageError
+from ..prompt import model_template
 from ..sampling import Sampler
-from ..session import model_template
 from ..stats import RunStats
 from ..stream import Event
 from ..template import TemplateError, render_chat, renders_tools
@@ -48,18 +48,15 @@ from ..toolcalls import CallDelta, ToolCallParser, parse_tool_calls, tool_format
 from .body import load_object
 from .host import Busy, Host, Job, Request, ShuttingDown, Start
 from .metrics import CONTENT_TYPE, Metrics
-from .schemas import ApiError, ChatRequest, CompletionRequest, param_of
+from .schemas import SPECULATIVE, ApiError, ChatRequest, CompletionRequest, param_of
 
 _Req = TypeVar("_Req", ChatRequest, CompletionRequest)
 
 __all__ = ["Served", "create_app", "finish_reason", "timings", "usage"]
 
 # core settings as a request names them (the rest are the server's own flags)
-PARAMS = {
-    "draft_max": "speculative.n_max", "draft_min": "speculative.n_min", "p_split": "speculative.p_min", "fixed": "speculative.fixed",
-    "draft": "draft", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
-    "prompt": "prompt", "max_tokens": "max_tokens",
-}  # fmt: skip
+SAME_NAME = ("draft", "temperature", "top_k", "top_p", "min_p", "seed", "prompt", "max_tokens")
+PARAMS = {setting: f"speculative.{name}" for setting, name in SPECULATIVE.items()} | {s: s for s in SAME_NAME}
 # specrun's finish reasons as OpenAI's (a full context is "length", as in llama-server);
 # "interrupted" (the server is stopping) has no OpenAI word and keeps its own
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length", "interrupted": "interrupted"}
@@ -71,7 +68,7 @@ class Served:
 
     name: str  # the target's registry name (or file name)
     aliases: tuple[str, ...] = ()
-    draft: str | None = None
+    draft_model: str | None = None  # the draft model's name (the drafting mode is settings.draft)
     n_ctx: int = 0
     settings: Settings = field(default_factory=Settings)
     sampler: Sampler = field(default_factory=Sampler)
@@ -268,9 +265,9 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         if req.draft is not None:
             changes["draft"] = req.draft
         if spec is not None:
-            for name, value in (("draft_max", spec.n_max), ("draft_min", spec.n_min), ("p_split", spec.p_min), ("fixed", spec.fixed)):
-                if value is not None:
-                    changes[name] = value
+            for setting, name in SPECULATIVE.items():
+                if getattr(spec, name) is not None:
+                    changes[setting] = getattr(spec, name)
         picks = {k: getattr(req, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed") if getattr(req, k) is not None}
         if picks.get("seed") == -1:  # llama-server's "random"
             picks["seed"] = None
@@ -351,7 +348,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     def model_card() -> dict:
         return {
             "id": served.name, "object": "model", "created": served.created, "owned_by": "specrun",
-            "aliases": list(served.aliases), "draft": served.draft, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.draft},
+            "aliases": list(served.aliases), "draft": served.draft_model, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.draft},
         }  # fmt: skip
 
     @app.get("/v1/models")

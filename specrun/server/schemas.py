@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
+__all__ = ["SPECULATIVE", "ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
 
 MAX_STOP_CHARS = 1000  # a stop string is held back while the text could be its start: keep that short
 
@@ -40,8 +40,13 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# The core's drafting settings under llama-server's names for them in a request's
+# ``speculative`` object (``fixed`` is specrun's own): the one table between the two.
+SPECULATIVE = {"draft_max": "n_max", "draft_min": "n_min", "p_split": "p_min", "fixed": "fixed"}
+
+
 class Speculative(_Body):
-    """llama-server's per-request drafting object; ``fixed`` is specrun's own."""
+    """llama-server's per-request drafting object (see SPECULATIVE for the core's names)."""
 
     n_max: Optional[int] = Field(None, ge=1, le=256, description="most draft tokens per round (draft_max)")
     n_min: Optional[int] = Field(None, ge=0, le=256, description="shorter drafts are dropped (draft_min)")
