@@ -1,0 +1,145 @@
+"""`specrun serve --parallel N`: several requests decode together in one context (a sequence
+each, one batch per step). Real processes on 127.0.0.1, the `openai` package, tiny generated
+models; one short check on the demo pair. Every wait is a bounded poll."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from serve_helpers import Server
+
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time there was",
+    "def add(a, b):\n    return",
+    "One, two, three, four,",
+]
+
+
+def tiny_args(tiny, *extra: str) -> list[str]:
+    return ["-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "-t", "1", "-c", "512", *extra]
+
+
+def stream_text(port: int, prompt: str, max_tokens: int, model: str = "target.gguf") -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120, max_retries=0)
+    out = []
+    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True):
+        out.append(chunk.choices[0].text if chunk.choices else "")
+    return "".join(out)
+
+
+def concurrent_equals_alone(s: Server, prompts: list[str], max_tokens: int, model: str = "target.gguf") -> None:
+    alone = [stream_text(s.port, p, max_tokens, model) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: stream_text(s.port, p, max_tokens, model), prompts, timeout=300))
+    assert together == alone
+    assert len(set(alone)) == len(alone) and all(alone)  # different prompts, different (non-empty) answers
+
+
+@pytest.fixture(scope="module")
+def par(tiny, tmp_path_factory):
+    s = Server(tiny_args(tiny, "--parallel", "4"), tmp_path_factory.mktemp("par"))
+    yield s
+    assert s.stop() == 143, s.stderr
+    assert "Traceback" not in s.stderr, s.stderr
+
+
+def test_four_streaming_clients_at_once_each_get_what_they_would_alone(par):
+    assert "4 in parallel" in par.stderr
+    concurrent_equals_alone(par, PROMPTS, 24)
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "none"])
+def test_each_draft_source_stays_exact_in_a_shared_batch(par, draft):
+    def ask(p: str) -> str:
+        status, _, r = par.post("/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0, "draft": draft})
+        assert status == 200, r
+        return r["choices"][0]["text"]
+
+    alone = [ask(p) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(ask, PROMPTS, timeout=300)) == alone
+
+
+def test_requests_run_together_not_in_turn(par):
+    """While one long stream runs, a short request finishes: it did not wait in a queue."""
+    c = par.conn()
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "stream": True}),
+              headers={"Content-Type": "application/json"})  # fmt: skip
+    r = c.getresponse()
+    seen = 0
+    for line in iter(r.readline, b""):
+        seen += line.startswith(b"data: ")
+        if seen >= 2:
+            break
+    status, _, short = par.post("/v1/completions", {"prompt": PROMPTS[2], "max_tokens": 4, "temperature": 0})
+    assert status == 200 and short["choices"][0]["finish_reason"] == "length"
+    # the long one was still going when the short one finished
+    line = r.readline()
+    assert line and b"[DONE]" not in line
+    c.close()
+
+
+def test_a_client_that_leaves_frees_its_slot(tiny, tmp_path):
+    s = Server(tiny_args(tiny, "--parallel", "2", "--max-queue", "4"), tmp_path)
+    try:
+        conns = []
+        for p in PROMPTS[:2]:  # both slots taken by long streams
+            c = s.conn()
+            c.request("POST", "/v1/completions", body=json.dumps({"prompt": p, "max_tokens": 450, "stream": True}),
+                      headers={"Content-Type": "application/json"})  # fmt: skip
+            r = c.getresponse()
+            assert r.readline().startswith(b"data: ")
+            conns.append((c, r))
+        c, _ = conns[0]
+        c.sock.shutdown(2)  # one client goes away mid-stream
+        c.close()
+        status, _, r2 = s.post("/v1/completions", {"prompt": PROMPTS[3], "max_tokens": 4, "temperature": 0})
+        assert status == 200 and r2["choices"][0]["finish_reason"] == "length"
+        _, r_other = conns[1]
+        line = r_other.readline()
+        assert line and b"[DONE]" not in line  # served while the other long stream still runs
+        conns[1][0].close()
+        deadline = time.monotonic() + 60
+        while s.get("/health")[2]["busy"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not s.get("/health")[2]["busy"]
+    finally:
+        assert s.stop() == 143
+    assert "Traceback" not in s.stderr
+
+
+def test_parallel_one_serves_in_turn(tiny, tmp_path):
+    s = Server(tiny_args(tiny, "--parallel", "1", "--max-queue", "4"), tmp_path)
+    try:
+        assert "in parallel" not in s.stderr
+        first = s.stream("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 300})
+        next(first)
+        results: list = []
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(lambda: results.append(s.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 4})))
+            deadline = time.monotonic() + 30
+            while s.get("/health")[2]["queued"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert s.get("/health")[2]["queued"] == 1  # it waits for the first: one at a time
+            rest = list(first)
+            assert rest[-1] == "[DONE]"
+            fut.result(60)
+        assert results[0][0] == 200
+    finally:
+        assert s.stop() == 143
+
+
+@pytest.mark.demo
+def test_demo_pair_four_clients_at_once_equal_alone(demo, tmp_path):
+    s = Server(["-m", str(demo["target"]), "-d", str(demo["draft"]), "-t", "2", "-c", "1024", "--parallel", "4"], tmp_path)
+    try:
+        concurrent_equals_alone(s, PROMPTS, 16, demo["target"].name)
+    finally:
+        assert s.stop() == 143
+    assert "Traceback" not in s.stderr
