@@ -1071,6 +1071,7 @@ class Sequence:
         self.tokens: list[int] = []
         self.decode_s = 0.0  # seconds in the batches this sequence rode in
         self.batch_rows = 0  # rows of the last batch it rode in, its own included
+        self.own_rows = 0  # ... and how many of them were its own
         self.rollback_stats = RollbackStats()
         with gate.cond:
             ll.llama_memory_seq_rm(model._mem, seq, -1, -1)
@@ -1097,7 +1098,7 @@ class Sequence:
             last_chunk = start + m.n_batch >= len(tokens)
             ask = self.gate.decode(_Ask(m, self.seq, chunk, self.n_past, logits if last_chunk else "none"))
             self.decode_s += ask.seconds
-            self.batch_rows = ask.batch_rows
+            self.batch_rows, self.own_rows = ask.batch_rows, len(chunk)
             if ask.error is not None:
                 raise ask.error
             self.tokens.extend(chunk)

@@ -390,7 +390,9 @@ def test_a_client_that_leaves_mid_stream_cancels_and_the_next_request_is_served(
 
 
 def test_api_key_queue_limit_and_429(tiny, tmp_path):
-    s = Server(tiny_args(tiny, "--max-queue", "1", "--parallel", "1"), tmp_path, env={"SPECRUN_API_KEY": "sekrit"})  # one slot: one runs, one waits
+    s = Server(
+        tiny_args(tiny, "--max-queue", "1", "--parallel", "1"), tmp_path, env={"SPECRUN_API_KEY": "sekrit"}
+    )  # one slot: one runs, one waits
     try:
         assert "API key required" in s.stderr
         auth = {"Authorization": "Bearer sekrit"}

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from os.path import commonprefix
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..batched import BatchCost
+from ..costs import CostModel
 from ..drafters import common_prefix
 from ..engine import Engine, Settings
 from ..errors import SpecrunError
@@ -201,7 +203,7 @@ class Host:
                     slot.draft,  # type: ignore[arg-type]
                     engine.settings,
                     engine.sampler,
-                    self.cost,
+                    self._cost(slot),
                     learned=learned,
                 )
         else:
@@ -386,7 +388,7 @@ class Host:
                 slot.draft,  # type: ignore[arg-type]
                 settings,
                 dataclasses.replace(sampler, seed=None),
-                self.cost,
+                self._cost(slot),
                 heads=self.pair.heads,
             )
             if settings.sources and not settings.fixed and not self.cost.verify:
@@ -398,6 +400,13 @@ class Host:
                 del engines[old]
         engines.move_to_end(key)
         return engine
+
+    def _cost(self, slot: _Slot) -> CostModel:
+        """The shared verify curve, as the slot's engines price a verify: alone, the curve
+        itself; in a batch, what its rows add to the batch (see specrun.batched)."""
+        if self.gate is None:
+            return self.cost
+        return BatchCost(self.cost, slot.target)  # type: ignore[arg-type,return-value]  # Sequence has the rows; a CostModel's surface
 
     def warn(self, msg: str) -> None:
         """A template's fallback and the like, once each, on the terminal."""
