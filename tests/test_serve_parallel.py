@@ -5,11 +5,13 @@ models; one short check on the demo pair. Every wait is a bounded poll."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serve_helpers import Server
+from serve_helpers import SPECRUN, Server
 
 PROMPTS = [
     "The quick brown fox",
@@ -133,6 +135,34 @@ def test_parallel_one_serves_in_turn(tiny, tmp_path):
         assert results[0][0] == 200
     finally:
         assert s.stop() == 143
+
+
+def test_parallel_is_refused_for_a_recurrent_model_in_one_line(tmp_path):
+    from tiny_hybrid import build_hybrid
+
+    path = build_hybrid(tmp_path / "hybrid")["qwen35"]
+    p = subprocess.run(
+        [str(SPECRUN), "serve", "--port", "0", "-m", str(path), "--draft", "ngram", "-t", "1", "-c", "256", "--parallel", "2"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "SPECRUN_CACHE_DIR": str(tmp_path / "cache"), "NO_COLOR": "1"},
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in p.stderr and "--parallel 2" in p.stderr and "recurrent" in p.stderr, p.stderr
+    assert len([ln for ln in lines if "--parallel" in ln]) == 1, p.stderr
+
+
+def test_without_parallel_a_recurrent_model_serves_one_at_a_time_and_says_so(tmp_path):
+    from tiny_hybrid import build_hybrid
+
+    path = build_hybrid(tmp_path / "hybrid")["qwen35"]
+    s = Server(["-m", str(path), "--draft", "ngram", "-t", "1", "-c", "256"], tmp_path)
+    try:
+        assert "parallel 1:" in s.stderr and "in parallel" not in s.stderr
+        status, _, r = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+        assert status == 200, r
+    finally:
+        assert s.stop() == 143
+    assert "Traceback" not in s.stderr
 
 
 @pytest.mark.demo
