@@ -53,6 +53,7 @@ def par(tiny, tmp_path_factory):
 
 def test_four_streaming_clients_at_once_each_get_what_they_would_alone(par):
     assert "4 in parallel" in par.stderr
+    assert par.get("/health")[2]["parallel"] == 4
     concurrent_equals_alone(par, PROMPTS, 24)
 
 
@@ -79,6 +80,7 @@ def test_requests_run_together_not_in_turn(par):
         seen += line.startswith(b"data: ")
         if seen >= 2:
             break
+    assert par.get("/health")[2]["running"] == 1 and par.metrics()["llamacpp:requests_processing"] == 1
     status, _, short = par.post("/v1/completions", {"prompt": PROMPTS[2], "max_tokens": 4, "temperature": 0})
     assert status == 200 and short["choices"][0]["finish_reason"] == "length"
     # the long one was still going when the short one finished

@@ -174,7 +174,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     )  # fmt: skip
     with TerminalView(err, quiet) as view:
         host = Host(pair, engine, max_queue=max_queue, observer=view, parallel=pair.parallel, gate=pair.gate)
-        metrics = Metrics(host.queue_length, host.busy)
+        metrics = Metrics(host.queue_length, lambda: len(host.running))
         host.on_finish = metrics.observe
         view.waiting = host.queue_length
         host.start()
