@@ -13,11 +13,15 @@ batch is large enough for c to grow with every row, c'(K + 1) approaches K + 1 t
 drafting stops by itself, with no threshold on the number of clients.
 
 What the sequence observes goes into the shared curve at the batch's real size: a verify of
-K + 1 rows in a batch of B rows took c(B) seconds.
+K + 1 rows in a batch of B rows took c(B) seconds. The sequences run in threads of their own, so
+every use of the shared curve holds one lock (its estimates iterate dicts another thread's
+observation may grow).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -39,22 +43,36 @@ class BatchCost:
     """The shared CostModel as one sequence of a batch sees it (everything not priced here is
     the shared model's own)."""
 
-    def __init__(self, shared: CostModel, rows: Rows):
-        self.shared, self.rows = shared, rows
+    def __init__(self, shared: CostModel, rows: Rows, lock: threading.RLock):
+        """``lock``: the one every BatchCost over ``shared`` holds."""
+        self.shared, self.rows, self.lock = shared, rows, lock
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.shared, name)
+        got = getattr(self.shared, name)
+        if not callable(got):
+            return got
+
+        @functools.wraps(got)
+        def locked(*args, **kw):
+            with self.lock:
+                return got(*args, **kw)
+
+        return locked
 
     @property
     def others(self) -> int:
         return max(0, self.rows.batch_rows - self.rows.own_rows)
 
     def _marginal(self, c: Callable[[int], float]) -> Callable[[int], float]:
-        o = self.others
-        if o == 0:
-            return c
-        floor = MIN_SHARE * c(1)
-        return lambda b: max(floor, c(o + b) - c(o)) if b >= 1 else 0.0
+        o, lock = self.others, self.lock
+
+        def marginal(b: int) -> float:
+            with lock:
+                if o == 0 or b < 1:
+                    return c(b) if o == 0 else 0.0
+                return max(MIN_SHARE * c(1), c(o + b) - c(o))
+
+        return marginal
 
     def verify_cost(self, b: int) -> float:
         return self._marginal(self.shared.verify_cost)(b)
@@ -63,8 +81,10 @@ class BatchCost:
         return self._marginal(self.shared.optimistic)(b)
 
     def drawn(self, rng, scale: float) -> Callable[[int], float]:
-        return self._marginal(self.shared.drawn(rng, scale))
+        with self.lock:
+            return self._marginal(self.shared.drawn(rng, scale))
 
     def observe_verify(self, b: int, seconds: float) -> None:
         """A verify of ``b`` rows took ``seconds``: the time of the whole batch it rode in."""
-        self.shared.observe_verify(max(b, self.rows.batch_rows), seconds)
+        with self.lock:
+            self.shared.observe_verify(max(b, self.rows.batch_rows), seconds)

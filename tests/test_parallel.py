@@ -94,9 +94,9 @@ CURVE = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 3.2, 32: 7.2, 64: 15.2}
 
 def test_alone_a_verify_costs_the_curve_and_in_a_batch_what_its_rows_add():
     shared = CostModel(dict(CURVE))
-    alone = BatchCost(shared, Rows(5, 5))
+    alone = BatchCost(shared, Rows(5, 5), threading.RLock())
     assert alone.verify_cost(4) == shared.verify_cost(4)
-    busy = BatchCost(shared, Rows(20, 4))  # 16 rows from others
+    busy = BatchCost(shared, Rows(20, 4), threading.RLock())  # 16 rows from others
     assert busy.verify_cost(4) == pytest.approx(shared.verify_cost(20) - shared.verify_cost(16))
     busy.observe_verify(4, 4.0)  # the whole batch's seconds, at its real size
     assert 20 in shared.seen and 4 not in shared.seen
@@ -107,6 +107,6 @@ def test_drafting_fades_as_the_batch_fills():
     acc = [0.7] * 8
     draft = lambda k: 0.02 * k  # noqa: E731
     for others, drafts in ((0, True), (32, False)):
-        bc = BatchCost(shared, Rows(others + 1, 1))
+        bc = BatchCost(shared, Rows(others + 1, 1), threading.RLock())
         k, _ = Chooser({}, bc).best(acc, draft, bc.verify_cost, 0.0)  # type: ignore[arg-type]
         assert (k > 0) == drafts, (others, k)

@@ -89,6 +89,19 @@ def test_requests_run_together_not_in_turn(par):
     c.close()
 
 
+def test_a_conversation_keeps_its_sequence_while_others_come_and_go(par):
+    chat = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count to five."}]
+    status, _, r1 = par.post("/v1/chat/completions", {"messages": chat, "max_tokens": 8, "temperature": 0})
+    assert status == 200, r1
+    for i in range(3):  # unrelated chats in between (they share only the template's opening)
+        other = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"Name color {i}."}]
+        assert par.post("/v1/chat/completions", {"messages": other, "max_tokens": 4, "temperature": 0})[0] == 200
+    turn2 = chat + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]}, {"role": "user", "content": "Again."}]
+    status, _, r2 = par.post("/v1/chat/completions", {"messages": turn2, "max_tokens": 4, "temperature": 0})
+    assert status == 200, r2
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
+
+
 def test_a_client_that_leaves_frees_its_slot(tiny, tmp_path):
     s = Server(tiny_args(tiny, "--parallel", "2", "--max-queue", "4"), tmp_path)
     try:
@@ -169,9 +182,31 @@ def test_without_parallel_a_recurrent_model_serves_one_at_a_time_and_says_so(tmp
 
 @pytest.mark.demo
 def test_demo_pair_four_clients_at_once_equal_alone(demo, tmp_path):
+    """On quantized CPU weights llama.cpp gives a row slightly different logits depending on
+    the batch it rides in, so here "equal" is the near-tie rule of tests/test_serve.py: the same
+    text as plain decoding, or a first difference where plain decoding's own top two are within
+    the batch noise."""
+    from test_serve import assert_same_up_to_near_tie
+
+    from specrun.backend import LoadOptions, Model
+
+    n = 16
+    plain = []
+    for prompt in PROMPTS:
+        p = subprocess.run(
+            [str(SPECRUN), "generate", "-m", str(demo["target"]), "-t", "2", "-c", "1024", "--draft", "none", "-p", prompt, "-n", str(n), "--json"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        plain.append(json.loads(p.stdout))
     s = Server(["-m", str(demo["target"]), "-d", str(demo["draft"]), "-t", "2", "-c", "1024", "--parallel", "4"], tmp_path)
     try:
-        concurrent_equals_alone(s, PROMPTS, 16, demo["target"].name)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(lambda p: stream_text(s.port, p, n, demo["target"].name), PROMPTS, timeout=600))
     finally:
         assert s.stop() == 143
     assert "Traceback" not in s.stderr
+    with Model(demo["target"], LoadOptions(n_ctx=256, n_threads=1)) as m:
+        prompt_tokens = [m.tokenize(p) for p in PROMPTS]
+    for toks, ref, text in zip(prompt_tokens, plain, together):
+        assert_same_up_to_near_tie(demo["target"], toks, ref, text)

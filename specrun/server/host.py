@@ -165,6 +165,7 @@ class _Slot:
     engines: OrderedDict[tuple[Settings, Sampler], Engine] = field(default_factory=OrderedDict)
     past: dict[str, _Past] = field(default_factory=dict)
     job: Job | None = None
+    used: int = 0  # when it last took a job (a count): the least recently used is given away first
 
 
 def _engine_key(settings: Settings, sampler: Sampler) -> tuple[Settings, Sampler]:
@@ -190,6 +191,7 @@ class Host:
         self.cost = engine.cost
         self.base_key = _engine_key(engine.settings, engine.sampler)
         self.gate = gate if parallel > 1 else None
+        self.cost_lock = threading.RLock()  # the slots' threads share the verify curve
         if parallel > 1:
             assert gate is not None, "parallel slots need the gate their decodes meet in"
             self.slots = [
@@ -217,6 +219,8 @@ class Host:
         self.stopping = False
         self.durations: deque[float] = deque(maxlen=16)  # recent requests' seconds, for Retry-After
         self.ids = itertools.count(1)
+        self.ids_used = itertools.count(1)
+        self.count_lock = threading.Lock()  # ... and the counters of finished requests
         self.warned: set[str] = set()
         self.threads = [
             threading.Thread(target=self._run, args=(slot,), name=f"specrun-engine{slot.index or ''}", daemon=True) for slot in self.slots
@@ -259,8 +263,8 @@ class Host:
             if job.cancel.is_set():  # its client left while it waited
                 job.state = "cancelled"
                 continue
-            slot = max(free, key=lambda s: _shared_prefix(s, job.request))
-            slot.job = job
+            slot = max(free, key=lambda s: (_reuse(s, job.request), -s.used))
+            slot.job, slot.used = job, next(self.ids_used)
             self.cond.notify_all()
 
     def retry_after(self) -> int:
@@ -373,7 +377,8 @@ class Host:
 
     def _count(self, stats: RunStats) -> None:
         if self.on_finish is not None:
-            self.on_finish(stats)
+            with self.count_lock:
+                self.on_finish(stats)
 
     def _engine(self, slot: _Slot, settings: Settings, sampler: Sampler) -> Engine:
         """The slot's engine for these settings (made on first use, sharing the models and costs)."""
@@ -406,7 +411,7 @@ class Host:
         itself; in a batch, what its rows add to the batch (see specrun.batched)."""
         if self.gate is None:
             return self.cost
-        return BatchCost(self.cost, slot.target)  # type: ignore[arg-type,return-value]  # Sequence has the rows; a CostModel's surface
+        return BatchCost(self.cost, slot.target, self.cost_lock)  # type: ignore[arg-type,return-value]  # Sequence has the rows; a CostModel's surface
 
     def warn(self, msg: str) -> None:
         """A template's fallback and the like, once each, on the terminal."""
@@ -472,10 +477,16 @@ class Host:
         return next(self.ids)
 
 
-def _shared_prefix(slot: _Slot, req: Request) -> int:
-    """How much of ``req``'s prompt the slot's last request shares: characters of text, or
-    token ids of a prompt given as ids."""
+def _reuse(slot: _Slot, req: Request) -> int:
+    """How much of what the slot holds ``req`` would reuse (characters of text, or token ids of
+    a prompt given as ids), or -1 if it would throw away more than half of it: a request that
+    shares only a chat template's opening with a conversation does not evict it, but goes to
+    an empty slot or, failing that, the least recently used one."""
     if req.prompt_text is not None:
         past = slot.past.get(req.kind)
-        return len(commonprefix([past.text, req.prompt_text])) if past is not None else 0
-    return common_prefix(slot.target.tokens, list(req.prompt_ids))
+        held = len(past.text) if past is not None else 0
+        keep = len(commonprefix([past.text, req.prompt_text])) if past is not None else 0
+    else:
+        held = slot.target.n_past
+        keep = common_prefix(slot.target.tokens, list(req.prompt_ids))
+    return keep if 2 * keep >= held else -1
