@@ -616,10 +616,11 @@ class Model:
             if rc != 0:  # the cache may hold part of the batch: put each sequence back where it was
                 ll.llama_memory_seq_rm(self._mem, a.seq, a.pos0, -1)
                 a.error = BackendError(f"llama_decode failed with code {rc} at position {a.pos0}", "lower {n_ctx} or {parallel}")
-            elif a.logits != "none":
-                first = i if a.logits == "all" else i + len(a.tokens) - 1
-                ptr = ll.llama_get_logits_ith(self._ctx, first)
-                a.rows = np.ctypeslib.as_array(ptr, shape=(a.n_out, self.n_vocab)).copy()
+            elif a.logits != "none":  # row by row: llama.cpp may keep several sequences' outputs in another order
+                flagged = range(i, i + len(a.tokens)) if a.logits == "all" else [i + len(a.tokens) - 1]
+                a.rows = np.empty((a.n_out, self.n_vocab), np.float32)
+                for r, j in enumerate(flagged):
+                    a.rows[r] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
             i += len(a.tokens)
 
     # --- rollback -----------------------------------------------------------------------

@@ -35,12 +35,35 @@ def stream_text(port: int, prompt: str, max_tokens: int, model: str = "target.gg
     return "".join(out)
 
 
-def concurrent_equals_alone(s: Server, prompts: list[str], max_tokens: int, model: str = "target.gguf") -> None:
-    alone = [stream_text(s.port, p, max_tokens, model) for p in prompts]
+def plain_generate(model_path, prompt: str, n: int, threads: int = 1) -> dict:
+    p = subprocess.run(
+        [str(SPECRUN), "generate", "-m", str(model_path), "-t", str(threads), "-c", "512", "--draft", "none", "-p", prompt, "-n", str(n), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def assert_each_as_alone(model_path, prompts: list[str], texts: list[str], n: int, threads: int = 1) -> None:
+    """Each text is what plain decoding gives its prompt alone, by tests/test_serve.py's rule:
+    the same text, or a first difference where plain decoding's own top two are within
+    llama.cpp's batch noise (a row's logits move slightly with the batch it rides in, and which
+    other rows share its batch depends on timing)."""
+    from test_serve import assert_same_up_to_near_tie
+
+    from specrun.backend import LoadOptions, Model
+
+    with Model(model_path, LoadOptions(n_ctx=256, n_threads=1)) as m:
+        prompt_tokens = [m.tokenize(p) for p in prompts]
+    for prompt, toks, text in zip(prompts, prompt_tokens, texts):
+        assert_same_up_to_near_tie(model_path, toks, plain_generate(model_path, prompt, n, threads), text)
+
+
+def concurrent_equals_alone(s: Server, model_path, prompts: list[str], max_tokens: int, threads: int = 1) -> None:
     with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: stream_text(s.port, p, max_tokens, model), prompts, timeout=300))
-    assert together == alone
-    assert len(set(alone)) == len(alone) and all(alone)  # different prompts, different (non-empty) answers
+        together = list(pool.map(lambda p: stream_text(s.port, p, max_tokens, model_path.name), prompts, timeout=600))
+    assert len(set(together)) == len(together) and all(together)  # different prompts, different (non-empty) answers
+    assert_each_as_alone(model_path, prompts, together, max_tokens, threads)
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +74,22 @@ def par(tiny, tmp_path_factory):
     assert "Traceback" not in s.stderr, s.stderr
 
 
-def test_four_streaming_clients_at_once_each_get_what_they_would_alone(par):
+def test_four_streaming_clients_at_once_each_get_what_they_would_alone(par, tiny):
     assert "4 in parallel" in par.stderr
     assert par.get("/health")[2]["parallel"] == 4
-    concurrent_equals_alone(par, PROMPTS, 24)
+    concurrent_equals_alone(par, tiny["target"], PROMPTS, 24)
 
 
 @pytest.mark.parametrize("draft", ["model", "ngram", "none"])
-def test_each_draft_source_stays_exact_in_a_shared_batch(par, draft):
+def test_each_draft_source_stays_exact_in_a_shared_batch(par, tiny, draft):
     def ask(p: str) -> str:
         status, _, r = par.post("/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0, "draft": draft})
         assert status == 200, r
         return r["choices"][0]["text"]
 
-    alone = [ask(p) for p in PROMPTS]
     with ThreadPoolExecutor(4) as pool:
-        assert list(pool.map(ask, PROMPTS, timeout=300)) == alone
+        together = list(pool.map(ask, PROMPTS, timeout=300))
+    assert_each_as_alone(tiny["target"], PROMPTS, together, 16)
 
 
 def test_requests_run_together_not_in_turn(par):
@@ -182,31 +205,9 @@ def test_without_parallel_a_recurrent_model_serves_one_at_a_time_and_says_so(tmp
 
 @pytest.mark.demo
 def test_demo_pair_four_clients_at_once_equal_alone(demo, tmp_path):
-    """On quantized CPU weights llama.cpp gives a row slightly different logits depending on
-    the batch it rides in, so here "equal" is the near-tie rule of tests/test_serve.py: the same
-    text as plain decoding, or a first difference where plain decoding's own top two are within
-    the batch noise."""
-    from test_serve import assert_same_up_to_near_tie
-
-    from specrun.backend import LoadOptions, Model
-
-    n = 16
-    plain = []
-    for prompt in PROMPTS:
-        p = subprocess.run(
-            [str(SPECRUN), "generate", "-m", str(demo["target"]), "-t", "2", "-c", "1024", "--draft", "none", "-p", prompt, "-n", str(n), "--json"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        plain.append(json.loads(p.stdout))
-    s = Server(["-m", str(demo["target"]), "-d", str(demo["draft"]), "-t", "2", "-c", "1024", "--parallel", "4"], tmp_path)
+    s = Server(["-m", str(demo["target"]), "-d", str(demo["draft"]), "-t", "2", "-c", "512", "--parallel", "4"], tmp_path)
     try:
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            together = list(pool.map(lambda p: stream_text(s.port, p, n, demo["target"].name), PROMPTS, timeout=600))
+        concurrent_equals_alone(s, demo["target"], PROMPTS, 16, threads=2)
     finally:
         assert s.stop() == 143
     assert "Traceback" not in s.stderr
-    with Model(demo["target"], LoadOptions(n_ctx=256, n_threads=1)) as m:
-        prompt_tokens = [m.tokenize(p) for p in PROMPTS]
-    for toks, ref, text in zip(prompt_tokens, plain, together):
-        assert_same_up_to_near_tie(demo["target"], toks, ref, text)
