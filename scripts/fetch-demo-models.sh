@@ -77,8 +77,8 @@ PY
 # Requantized from the demo target: name | file | sha256 | llama-quantize type. The sha256 is of
 # what llama-quantize of llama-cpp-python 0.3.36's llama.cpp writes (it is deterministic).
 derived=(
-  "qwen-1.5b-f16|qwen2.5-coder-1.5b-instruct-f16.gguf|F16_SHA|F16"
-  "qwen-1.5b-q8|qwen2.5-coder-1.5b-instruct-q8_0.gguf|Q8_SHA|Q8_0"
+  "qwen-1.5b-f16|qwen2.5-coder-1.5b-instruct-f16.gguf|898951bef64184eeacd1101bb2c70450d31f534456f87ac964039972d47d8cb1|F16"
+  "qwen-1.5b-q8|qwen2.5-coder-1.5b-instruct-q8_0.gguf|16efb13269d0c359c757f04fc0f498ae9d3efa14efc2f4d2a376f98589208f25|Q8_0"
 )
 
 requantize() (
