@@ -357,7 +357,7 @@ class Engine:
                     break
                 k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.k_max))
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
-                caps = {name: src.prepare(tokens, k_room) for name, src in self.sources.items()}
+                caps = {name: src.prepare(tokens, k_room, remaining) for name, src in self.sources.items()}
                 plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, min(room, remaining), self.choice_rng)
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(

@@ -30,7 +30,7 @@ class Arm:
     def begin(self, prompt, may_draft):
         pass
 
-    def prepare(self, tokens, room):
+    def prepare(self, tokens, room, left):
         return min(room, len(self.positions.bins))
 
     def acceptance(self, k, rng, scale):
@@ -67,7 +67,7 @@ def simulate(curve, arms: list[Arm], rounds=400, seed=0, left=10_000, cost: Cost
     rng, world = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     chosen = []
     for _ in range(rounds):
-        plan = chooser.choose({a.name: a.prepare([], 16) for a in arms}, left, rng)
+        plan = chooser.choose({a.name: a.prepare([], 16, left) for a in arms}, left, rng)
         arm = next((a for a in arms if a.name == plan.source), None)
         n = 0
         while arm is not None and n < plan.k and world.random() < arm.accept:
@@ -227,7 +227,7 @@ def test_positions_lean_on_the_one_before_until_they_have_data():
 def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     s = NgramSource()
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3
-    s.prepare(seq[:25], 8)  # the sequence so far repeats: a copy of the next tokens is on offer
+    s.prepare(seq[:25], 8, 100)  # the sequence so far repeats: a copy of the next tokens is on offer
     assert s.offer.tokens and s.offer.match >= 2
     before = s.acceptance(4, None, 0.0)
     written = list(s.offer.tokens[:4])

@@ -245,3 +245,22 @@ def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_
         p = flat.propose(prompt, 4, 0.0)
         flat.observe(Outcome("model", p, 0, [p.tokens[0] + 1], False, RoundStats("model", len(p.tokens), 0, 1, 0.0, 0.0, 0.0)))
     assert flat.positions.means()[0] < 0.5
+
+
+def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded):
+    """After a stretch of n-gram or plain rounds the draft's cache lags; catching it up is paid
+    once for every round after it, so a long run bears a small share per round (else the lag
+    grows, the draft is priced out for good, and it never drafts again), and a run's last
+    tokens bear it whole."""
+    from specrun.sources import ModelSource
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 8)
+    src.per_token, src.catch_up_per_token = 1e-3, 1e-3
+    draft.reset()
+    tokens = target.tokenize(PROMPTS[0] * 8)
+    src.prepare(tokens, 8, 10_000)
+    assert src.lag == len(tokens) > 100
+    assert src.cost(4) < 4e-3 + 0.01 * len(tokens) * 1e-3  # a share, not the whole catch-up
+    src.prepare(tokens, 8, 5)
+    assert src.cost(4) == pytest.approx(4e-3 + len(tokens) * 1e-3)  # nothing after it to share it with

@@ -131,8 +131,9 @@ class Source(Protocol):
         """A new prompt (its last token pending); ``may_draft()``: could the chooser ever use
         it (asked once the source knows its own costs)?"""
 
-    def prepare(self, tokens: list[int], room: int) -> int:
-        """Get ready to draft after ``tokens``; the most tokens it can offer this round."""
+    def prepare(self, tokens: list[int], room: int, left: int) -> int:
+        """Get ready to draft after ``tokens``; the most tokens it can offer this round (at most
+        ``room``; ``left``: the tokens the run has left, over which a one-off cost is spread)."""
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
         """a_1..a_k: the chance each position is accepted given the ones before were (means, or

@@ -172,6 +172,7 @@ class ModelSource(Autoregressive):
         self.model = model
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft
+        self.left = 1  # tokens the run has left
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         """Measure its per-token cost if nothing has yet; then, if it could ever pay
@@ -186,15 +187,17 @@ class ModelSource(Autoregressive):
         if prompt[n:-1]:
             self.model.eval(prompt[n:-1], logits="none")
 
-    def prepare(self, tokens: list[int], room: int) -> int:
+    def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.lag = len(tokens) - self.model.n_past
+        self.left = max(1, left)
         return max(0, min(room, self.model.n_ctx - len(tokens), len(self.positions.bins)))
 
     def cost(self, k: int) -> float:
-        # a round's usual one or two new tokens are part of the per-token cost; more is a catch-up
+        # a round's usual one or two new tokens are part of the per-token cost; more is a
+        # catch-up, paid once for every round after it: this round bears its share of the run
         d = self.token_cost()
         catch = self.catch_up_per_token if self.catch_up_per_token is not None else 0.5 * d
-        return k * d + (self.lag * catch if self.lag > 2 else 0.0)
+        return k * d + (self.lag * catch * min(1.0, (k + 1) / self.left) if self.lag > 2 else 0.0)
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:
         if self.model.n_ctx - len(tokens) <= 0:

@@ -36,7 +36,7 @@ class MtpSource(Autoregressive):
         if self.per_token is None and self.heads.n_past == len(prompt) - 1:
             self.per_token = self.measure_token_cost(prompt[-1])
 
-    def prepare(self, tokens: list[int], room: int) -> int:
+    def prepare(self, tokens: list[int], room: int, left: int) -> int:
         return max(0, min(room, self.heads.n_ctx - len(tokens), len(self.positions.bins)))
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:

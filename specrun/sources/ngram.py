@@ -40,7 +40,7 @@ class NgramSource:
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         self.offer = Proposal()
 
-    def prepare(self, tokens: list[int], room: int) -> int:
+    def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
         return len(self.offer)
 
