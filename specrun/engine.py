@@ -27,7 +27,7 @@ from .errors import PromptTooLong, UsageError
 from .learned import Learned
 from .sampling import Sampler, accept_or_resample
 from .sources import ModelSource, Outcome, Source
-from .sources.base import Rate
+from .sources.base import STORED_WEIGHT, Rate
 from .sources.model import Autoregressive
 from .stats import RoundStats, RunStats
 
@@ -112,15 +112,14 @@ def speculative_round(
     sampler: Sampler,
     rng: np.random.Generator,
     draft_min: int = 1,
-    proposal: Proposal | None = None,
     tie_margin: float = 0.0,
     others: list[Source] | None = None,
 ) -> Round:
     """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
-    ``tokens`` is the sequence; the target's cache holds all of it but the last token. A
-    ready-made ``proposal`` is used instead of asking ``drafter``. ``others`` are the sources
-    whose caches must follow the target's back (the drafter among them).
+    ``tokens`` is the sequence; the target's cache holds all of it but the last token.
+    ``others`` are the sources whose caches must follow the target's back (the drafter among
+    them).
 
     At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
     undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
@@ -129,8 +128,7 @@ def speculative_round(
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
-    if proposal is None:
-        proposal = drafter.propose(tokens, plan.k, plan.rate) if drafter is not None and plan.k > 0 else Proposal()
+    proposal = drafter.propose(tokens, plan.k, plan.rate) if drafter is not None and plan.k > 0 else Proposal()
     draft = proposal.cut(plan.k)
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
@@ -243,7 +241,7 @@ class Engine:
             for name, src in self.sources.items():
                 src.load(learned.sources.get(name) or {})
             if learned.tie_rate is not None:
-                self.chooser.ties = Rate(learned.tie_rate * 8.0, 8.0)
+                self.chooser.ties = Rate(learned.tie_rate * STORED_WEIGHT, STORED_WEIGHT)  # a prior, as every stored rate
         self.tokens: list[int] = []  # the sequence: the target's cache holds all but the last
 
     @property
@@ -362,7 +360,7 @@ class Engine:
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, None, self.settings.tie_margin, sources,
+                    self.settings.draft_min, self.settings.tie_margin, sources,
                 )  # fmt: skip
                 settling, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)
