@@ -4,19 +4,21 @@ The verify curve ``c(b)`` is the target's time to decode a batch of ``b`` tokens
 from a reference (calibrated at the first run on a machine, or stored by an earlier one) and
 every round refines it:
 
-* a size verified in this process has its own estimate. Timing noise on a shared machine only
-  ever adds time (another process, a page fault), so a round faster than the estimate is news
-  (the first one in this process replaces a stored value, later ones move the estimate half way)
-  and a slower one moves it by a small, bounded step;
+* a size verified in this process has its own estimate: the mean time of its rounds so far (the
+  first one replaces a stored value, which was only a prior), then an average that forgets at
+  ``EWMA`` a round, so the curve follows a machine that got slower as readily as one that got
+  quicker. Throughput is tokens over *mean* time, so the mean is what is estimated, not the
+  quickest round; a round far slower (a page fault) moves it a bounded step;
 * a size not yet verified in this process follows the reference, scaled by how far the sizes
   that were verified have moved from it (interpolated between the nearest ones), and is never
   dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
   busy machine, heals from the sizes in use;
 * a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
   smaller batch verified in this process;
-* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior: sizes verified in
-  this process are nearly certain, the others may be off by a common factor (a stored curve
-  from a busier day, say). The chooser acts on such draws, so a longer draft that the stored
+* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale: a
+  size not verified in this process may be off by a common factor (a stored curve from a busier
+  day, say; spread ``COST_SIGMA``), and each round verified narrows its own spread as a mean of
+  noisy timings does (``NOISE_SIGMA`` a round). The chooser acts on such draws, so a longer draft that the stored
   curve may wrongly price out gets tried now and then, and heals the curve once it is.
 
 Rolling back a rejected draft is free on an attention cache but not on a recurrent state
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,12 +43,15 @@ from typing import Any
 
 import psutil
 
-EWMA = 0.15  # how far one slower-than-expected round moves an estimate (trades: following a
-# machine that got slower, against one page fault moving the curve)
-FAST = 0.5  # how far one faster-than-expected round moves it (noise only adds time, so it is news)
+EWMA = 0.15  # once a size has this many rounds' worth of timings (1 / EWMA), each new round moves
+# its estimate this far (trades: following a machine whose speed changed, against noise moving
+# the curve)
 COST_SIGMA = 0.7  # log-spread of a cost not yet verified in this process: a factor of two either
 # way is plausible for a stored curve (trades: healing a wrong curve fast, against trying sizes
 # that are as dear as stored)
+NOISE_SIGMA = 0.2  # log-spread of one round's time around its size's mean on a shared machine:
+# how much one verified round says (trades: trusting a few rounds, against re-trying a size
+# whose cost is already known)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 
 # a calibration is disturbed when...
@@ -145,31 +151,41 @@ class CostModel:
         est = self.verify_cost(b)
         return min(est, self.seen[max(below)]) if below else est
 
+    def spread(self, b: int) -> float:
+        """The log-spread of c(b)'s posterior: ``COST_SIGMA`` before any round of this size, then
+        narrowing with each one verified (at most 1 / EWMA count: older rounds are forgotten)."""
+        n = min(self.n_seen.get(b, 0), 1.0 / EWMA)
+        return 1.0 / math.sqrt(1.0 / COST_SIGMA**2 + n / NOISE_SIGMA**2)
+
     def drawn(self, rng, scale: float) -> Callable[[int], float]:
         """One draw of the curve from its posterior, pulled towards the estimate by ``scale``
-        (0: the estimate itself). Sizes not verified in this process move by one common factor,
-        between what a smaller verified batch costs and ``b`` single steps."""
+        (0: the estimate itself). Every size moves with one common factor, each by its own
+        spread, between what a smaller verified batch costs and ``b`` single steps."""
         if scale <= 0:
             return self.verify_cost
-        z = scale * COST_SIGMA * float(rng.standard_normal())
+        z = scale * float(rng.standard_normal())
         c1 = self.verify_cost(1)
 
         def c(b: int) -> float:
             if b <= 1:
                 return c1
-            v = self.verify_cost(b) * math.exp(z / math.sqrt(1 + self.n_seen.get(b, 0)))
+            v = self.verify_cost(b) * math.exp(z * self.spread(b))
             return min(max(v, self.optimistic(b)), b * c1)
 
         return c
 
     def observe_verify(self, b: int, seconds: float) -> None:
+        """A round verified ``b`` tokens in ``seconds``."""
         old = self.verify_cost(b)
         self._version += 1
-        self.n_seen[b] = self.n_seen.get(b, 0) + 1
-        if seconds < old:  # noise only adds time: a quicker round is real (the first in this process, wholly)
-            self.seen[b] = seconds if b not in self.seen else old + FAST * (seconds - old)
-        else:  # one slow round (a page fault, another process) moves the estimate a bounded step
-            self.seen[b] = old + EWMA * (min(seconds, 2.0 * old) - old)
+        n = self.n_seen[b] = self.n_seen.get(b, 0) + 1
+        # noise only adds time, so only a slow round can be an outlier (a page fault): it moves
+        # the estimate a bounded step, at most two spreads of a stored value's prior for the
+        # first round of a size, a factor of two after that
+        seconds = min(seconds, old * (math.exp(2 * COST_SIGMA) if b not in self.seen else 2.0))
+        # the first round in this process replaces a stored value (only a prior); then the mean
+        # of the rounds so far, then one that forgets at EWMA a round
+        self.seen[b] = seconds if b not in self.seen else old + max(1.0 / n, EWMA) * (seconds - old)
 
     def observe_rollback(self, seconds: float) -> None:
         """A round with a rejection took ``seconds`` to roll back."""
@@ -180,9 +196,11 @@ class CostModel:
         return {b: self.verify_cost(b) for b in sorted(set(self.verify) | set(self.seen))}
 
     def adopt(self, calibrated: CostModel) -> None:
-        """Take a fresh calibration as the reference (its sizes count as verified in this process)."""
+        """Take a fresh calibration as the reference (its sizes count as verified in this
+        process, each as one round: a calibration's padding batches are not quite a round's)."""
         self.verify = dict(calibrated.verify)
         self.seen = dict(calibrated.verify)
+        self.n_seen = dict.fromkeys(calibrated.verify, 1)
         self._version += 1
         self.provisional, self.measured = calibrated.provisional, dict(calibrated.measured)
 
@@ -237,26 +255,30 @@ def calibrate(
     repeats: int = 3,
     others: Callable[[], float] | None = None,
 ) -> CostModel:
-    """Build a cost model from ``measure(b) -> seconds`` for each batch size (best of
-    ``repeats``), checking that the machine stayed quiet: ``c(1)`` is measured before and after,
-    each size's repeats must agree, and ``others()`` (cores used by other processes meanwhile)
-    must stay low. A disturbed calibration comes back ``provisional`` with the reason."""
-    before = min(measure(1) for _ in range(repeats))
+    """Build a cost model from ``measure(b) -> seconds`` for each batch size (the median of
+    ``repeats``: what a round costs as a rule, as throughput counts it), checking that the
+    machine stayed quiet: ``c(1)`` is measured before and after, each size's repeats must agree,
+    and ``others()`` (cores used by other processes meanwhile) must stay low. A disturbed calibration comes back ``provisional`` with the reason."""
+    ones = [measure(1) for _ in range(repeats)]
+    before = statistics.median(ones)
     cost = CostModel()
     why: list[str] = []
     for b in sizes:
         samples = [measure(b) for _ in range(repeats)]
-        cost.verify[b] = min(samples)
+        cost.verify[b] = statistics.median(samples)
+        if b == 1:
+            ones += samples
         hi, lo = max(samples), min(samples)
         if hi > SPREAD * lo and hi - lo > MIN_ABS_S and not why:
             why.append(f"a {b}-token verify took {1e3 * lo:.1f} to {1e3 * hi:.1f} ms")
-    after = min(measure(1) for _ in range(repeats))
+    later = [measure(1) for _ in range(repeats)]
+    after = statistics.median(later)
     if max(before, after) > C1_DRIFT * min(before, after) and abs(after - before) > MIN_ABS_S:
         why.append(f"one token took {1e3 * before:.1f} ms before and {1e3 * after:.1f} ms after")
     busy = others() if others is not None else 0.0
     if busy > OTHERS_CPU:
         why.append(f"other processes kept {busy:.1f} cores busy")
-    cost.verify[1] = min(cost.verify.get(1, before), before, after)
+    cost.verify[1] = statistics.median(ones + later)
     cost.provisional = bool(why)
     cost.measured = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

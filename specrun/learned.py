@@ -17,7 +17,7 @@ from typing import Any
 
 from .costs import CostModel
 
-STORE_VERSION = 3
+STORE_VERSION = 4  # 4: verify costs are means of rounds (3 stored the quickest); an older file is a cold start
 
 
 @dataclass

@@ -5,12 +5,12 @@ Two posteriors say how such a source does: acceptance by draft position (for the
 must pick a length before any draft exists) and acceptance by the draft's own confidence (for
 the stop rule, which sees each token's confidence as it is drafted).
 
-The stop rule is the chooser's rule applied one token at a time: a round's worth is tokens per
-second, so a drafted token is kept while what it is expected to add (the chance the draft so far
-is accepted, times its own chance by confidence) is worth at least the extra verify width it
-costs at the round's planned rate, and drafting goes on while the next token, at its position's
-rate, is worth a draft step plus that width. On a memory-bound target (flat verify, cheap draft)
-that drafts long runs of confident tokens; on a compute-bound one it stops early.
+The stop rule is the chooser's rule applied as the drafts come: at the round's planned rate
+``worth`` (tokens per second), a cut of the first n drafts is worth its expected tokens (by each
+draft's confidence) less ``worth`` times its verify time. The round keeps the best cut, and
+drafts on while some longer draft, at its positions' rates, would beat that cut by more than
+its draft steps cost. On a memory-bound target (flat verify, cheap draft) that drafts long runs
+of confident tokens; on a compute-bound one it stops early.
 
 The draft model (``ModelSource``) is a small model with the target's vocabulary. Its KV cache
 holds a prefix of the sequence (``model.tokens``); each proposal first re-syncs it (rolling back
@@ -19,6 +19,7 @@ the rejected guesses, evaluating what is new) in one batch, then drafts one toke
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -99,7 +100,9 @@ class Autoregressive:
         c = self.verify.verify_cost
         d = self.per_token or 0.0
         a = self.positions.means()
+        gained = 0.0  # expected tokens the drafts so far bring, by their confidences
         reach = 1.0  # the chance every draft so far is accepted
+        keep, kept_value = 0, 0.0  # the best cut so far, and its value: tokens - worth * verify time
         try:
             for i in range(k):
                 row = logits[: self.n_vocab]
@@ -111,19 +114,37 @@ class Autoregressive:
                     q = self.sampler.dist(row)
                     x = q.sample(self.rng)
                     conf = q.top[1]
-                width = c(i + 2) - c(i + 1)  # verifying one token more
-                if i > 0 and (conf < self.p_split or (worth > 0 and reach * self.conf_rate(conf) < worth * width)):
+                if i > 0 and conf < self.p_split:
                     break
                 reach *= self.conf_rate(conf)
+                gained += reach
                 out.tokens.append(x)
                 out.dists.append(q)
                 out.confidences.append(conf)
-                if i + 1 >= k or (worth > 0 and i + 1 < len(a) and reach * a[i + 1] < worth * (d + c(i + 3) - c(i + 2))):
+                value = gained - worth * (c(i + 2) - c(1))
+                if value >= kept_value or i == 0:
+                    keep, kept_value = i + 1, value
+                if i + 1 >= k or (worth > 0 and not self._more_pays(reach, gained, i + 1, k, kept_value, worth, a, c, d)):
                     break
                 logits = self._step(x)
         finally:
             self._end()
+        if worth > 0:
+            out = out.cut(keep)
         return out
+
+    @staticmethod
+    def _more_pays(reach, gained, n, k, kept_value, worth, a, c, d) -> bool:
+        """Could drafting on from ``n`` tokens to some m <= k beat the best cut so far? Each
+        further token is expected at its position's rate; it costs a draft step and its share
+        of verifying m, at the round's planned rate. Any m, not just the next: a verify curve
+        with a step in it can make 16 tokens cheaper than 12."""
+        for m in range(n + 1, min(k, len(a)) + 1):
+            reach *= a[m - 1]
+            gained += reach
+            if gained - worth * (c(m + 1) - c(1) + (m - n) * d) > kept_value:
+                return True
+        return False
 
     # --- learning --------------------------------------------------------------------
 
@@ -134,8 +155,12 @@ class Autoregressive:
         p = outcome.proposal
         if outcome.source != self.name or not p.tokens:
             return
-        per = (outcome.stats.draft_s - p.sync_s) / len(p.tokens)
-        self.per_token = per if self.per_token is None else self.per_token + EWMA * (per - self.per_token)
+        # a catch-up's decode also gave the first draft's logits: then only the later tokens
+        # show what a drafted token costs
+        steps = len(p.tokens) - (p.sync_s > 0)
+        if steps > 0:
+            per = (outcome.stats.draft_s - p.sync_s) / steps
+            self.per_token = per if self.per_token is None else self.per_token + EWMA * (per - self.per_token)
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected,
         # unless the round stopped at a near-tie there, which says nothing about the draft
         for i in range(min(len(p.tokens), outcome.accepted + (not outcome.deferred))):
@@ -218,18 +243,19 @@ class ModelSource(Autoregressive):
         return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth)
 
     def measure_token_cost(self, token: int) -> float:
-        """Seconds for one single-token draft decode, measured past the cache, then undone."""
+        """Seconds for one single-token draft decode (the median of five), measured past the
+        cache, then undone."""
         base = self.model.n_past
         self.model.checkpoint(full=True)  # hybrid/recurrent drafts: each measured decode is undone
         self.model.eval([token], logits="last")  # warm-up: the first decode after a load is slow
         self.model.rollback(base)
-        best = float("inf")
+        times = []
         for _ in range(5):
             t = time.perf_counter()
             self.model.eval([token], logits="last")
-            best = min(best, time.perf_counter() - t)
+            times.append(time.perf_counter() - t)
             self.model.rollback(base)
-        return best
+        return statistics.median(times)
 
     def observe(self, outcome: Outcome) -> None:
         super().observe(outcome)
