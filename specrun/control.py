@@ -76,22 +76,17 @@ class Chooser:
     def tie_rate(self) -> float:
         return self.ties.mean(0.0)
 
-    def best(self, acc: list[float], draft_cost, c, r: float, drafting: bool = False) -> tuple[int, float]:
+    def best(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, drafting: bool = False) -> tuple[int, float]:
         """The K in {0} U [draft_min, len(acc)] with the highest rate, and that rate (K >= 1
-        only, if ``drafting``)."""
+        only, if ``drafting``). ``acc``: a_1..a_K; ``draft``: D(1..K); ``c``: c(1..K+1)."""
         u = 1.0 - self.tie_rate
-        best_k, best_rate = 0, 0.0 if drafting else 1.0 / c(1)
-        total, reach, all_in = u, 1.0, 1.0
-        for k in range(1, len(acc) + 1):
-            reach *= acc[k - 1] * u
-            all_in *= acc[k - 1]
-            total += reach
-            if k < self.draft_min:
-                continue
-            rate = total / (c(k + 1) + draft_cost(k) + (1.0 - all_in) * r)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate
+        total = u + np.cumsum(np.cumprod(acc * u))  # E[tokens | K], K = 1..len(acc)
+        rates = total / (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
+        rates[: self.draft_min - 1] = -np.inf
+        k = int(np.argmax(rates)) + 1 if len(rates) else 0
+        if k and (drafting or rates[k - 1] > 1.0 / c[0]):
+            return k, float(rates[k - 1])
+        return 0, 0.0 if drafting else 1.0 / float(c[0])
 
     def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``left`` how many
@@ -101,26 +96,26 @@ class Chooser:
             s = next(iter(caps), None)
             return Plan(s, caps[s]) if s is not None else Plan("none", 0)
         scale = min(1.0, left / INFO_HORIZON)
-        c, r = self.cost.drawn(rng, scale), self.cost.rollback_s
-        mean_c = self.cost.verify_cost
-        c1 = mean_c(1)
-        plan = Plan("none", 0, 1.0 / c(1))
+        n = max(caps.values(), default=0) + 1
+        c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
+        plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
         for name, cap in caps.items():
             src = self.sources[name]
-            acc = src.acceptance(cap, rng, scale)
-            k, rate = self.best(acc, src.cost, c, r)
+            draft = np.array([src.cost(k) for k in range(1, cap + 1)])
+            k, rate = self.best(np.array(src.acceptance(cap, rng, scale)), draft, c, r)
             if k and rate > plan.rate:
                 plan = Plan(name, k, rate)
-            means = src.acceptance(cap, None, 0.0)
-            km, mrate = self.best(means, src.cost, mean_c, r, drafting=True)
-            self.options[name] = Option(km, mrate * c1, means[0], mean_c(km + 1) / c1, src.cost(km) / c1)
+            means = np.array(src.acceptance(cap, None, 0.0))
+            km, mrate = self.best(means, draft, mean_c, r, drafting=True)
+            self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], src.cost(km) / mean_c[0])
         return plan
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,
         and its cache need not be kept up.)"""
-        return self.best([1.0] * cap, src.cost, self.cost.verify_cost, 0.0)[0] > 0
+        draft = np.array([src.cost(k) for k in range(1, cap + 1)])
+        return self.best(np.ones(cap), draft, self.cost.table(cap + 1), 0.0)[0] > 0
 
     def observe_ties(self, checked: int, ties: int) -> None:
         """A greedy round checked ``checked`` rows for a near-tie and found ``ties`` (the last

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
 import psutil
 
 EWMA = 0.15  # once a size has this many rounds' worth of timings (1 / EWMA), each new round moves
@@ -65,21 +66,16 @@ def now() -> float:
     return time.perf_counter()
 
 
-def _interp(points: dict[int, float], b: int) -> float | None:
-    """Piecewise-linear through ``points``; in proportion to the batch beyond the ends."""
+def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
+    """Piecewise-linear through ``points`` at each of ``b``; in proportion to the batch beyond
+    the ends."""
     if not points:
         return None
-    if b in points:
-        return points[b]
-    sizes = sorted(points)
-    if b < sizes[0]:
-        return points[sizes[0]] * b / sizes[0]
-    if b > sizes[-1]:
-        return points[sizes[-1]] * b / sizes[-1]
-    hi = next(s for s in sizes if s > b)
-    lo = max(s for s in sizes if s < b)
-    w = (b - lo) / (hi - lo)
-    return points[lo] * (1 - w) + points[hi] * w
+    xs = np.array(sorted(points), dtype=float)
+    ys = np.array([points[int(x)] for x in xs])
+    out = np.interp(b, xs, ys)
+    out = np.where(b < xs[0], ys[0] * b / xs[0], out)
+    return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
 
 
 @dataclass
@@ -92,87 +88,80 @@ class CostModel:
     rollback_s: float = 0.0  # rolling back a rejected draft (a recurrent state's restore and replay)
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
-    # estimates already worked out for the curve as it stands (a plan asks for dozens of them)
-    _memo: dict[tuple[str, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the estimates already worked out for the curve as it stands
+    _memo: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False, compare=False)
     _memo_key: tuple = field(default=(), init=False, repr=False, compare=False)
     _version: int = field(default=0, init=False, repr=False, compare=False)
 
-    def _memoised(self, kind: str, b: int, work: Callable[[int], float]) -> float:
+    def table(self, n: int) -> np.ndarray:
+        """The estimates c(1..n) as one array (index b - 1), worked out once for the curve as it
+        stands (a round asks for dozens of them)."""
         key = (id(self.verify), len(self.verify), id(self.seen), len(self.seen), self._version)
-        if key != self._memo_key:
-            self._memo, self._memo_key = {}, key
-        got = self._memo.get((kind, b))
-        if got is None:
-            got = self._memo[(kind, b)] = work(b)
-        return got
+        if key != self._memo_key or len(self._memo) < n:
+            self._memo_key = key
+            self._memo = self._estimates(max(n, 64, *self.seen, *self.verify))
+        return self._memo[:n]
 
     def verify_cost(self, b: int) -> float:
         """The current estimate of c(b)."""
-        return self._memoised("c", b, self._estimate)
+        return float(self.table(b)[b - 1])
 
-    def _estimate(self, b: int) -> float:
-        if b in self.seen:
-            return self.seen[b]
+    def _estimates(self, n: int) -> np.ndarray:
+        b = np.arange(1, n + 1, dtype=float)
+        seen = np.full(n, np.nan)
+        for s, v in self.seen.items():
+            seen[s - 1] = v
         ref = _interp(self.verify, b)
-        if ref is None:
-            seen = _interp(self.seen, b)
-            return float(b) if seen is None else seen  # no data at all: assume cost grows with the batch
-        est = ref * self._drift(b)
-        above = [v for s, v in self.seen.items() if s > b]
-        if above:
-            est = min(est, min(above))  # never dearer than a larger batch verified in this process
-        return min(est, b * self.verify_cost(1)) if b > 1 else est  # nor than b single steps
+        if ref is None:  # no reference: what was verified, else a cost that grows with the batch
+            est = _interp(self.seen, b)
+            return b.copy() if est is None else est
+        verified = ~np.isnan(seen)
+        if verified.any():  # unverified sizes move as the verified ones moved from the reference
+            sizes = b[verified]
+            est = ref * np.exp(np.interp(b, sizes, np.log(seen[verified] / ref[verified])))
+            # never dearer than a larger batch verified in this process
+            above = np.minimum.accumulate(np.where(verified, seen, np.inf)[::-1])[::-1]
+            est = np.minimum(est, np.append(above[1:], np.inf))
+        else:
+            est = ref
+        est = np.where(verified, seen, est)
+        est[1:] = np.where(verified[1:], est[1:], np.minimum(est[1:], b[1:] * est[0]))  # nor than b single steps
+        return est
 
-    def _drift(self, b: int) -> float:
-        """How far the sizes verified in this process have moved from the reference, at ``b``
-        (log-interpolated between the nearest such sizes; the nearest one's beyond them)."""
-        ratios = {s: math.log(v / r) for s, v in self.seen.items() if (r := _interp(self.verify, s))}
-        if not ratios:
-            return 1.0
-        sizes = sorted(ratios)
-        if b <= sizes[0]:
-            return math.exp(ratios[sizes[0]])
-        if b >= sizes[-1]:
-            return math.exp(ratios[sizes[-1]])
-        hi = next(s for s in sizes if s > b)
-        lo = max(s for s in sizes if s < b)
-        w = (b - lo) / (hi - lo)
-        return math.exp(ratios[lo] * (1 - w) + ratios[hi] * w)
+    def optimistic(self, n: int) -> np.ndarray:
+        """The least c(1..n) could be: the estimate where verified in this process, else no
+        less than the largest smaller batch that was."""
+        est = self.table(n)
+        seen = np.full(n, np.nan)
+        for s, v in self.seen.items():
+            if s <= n:
+                seen[s - 1] = v
+        idx = np.where(~np.isnan(seen), np.arange(n), -1)
+        below = np.maximum.accumulate(idx)  # the largest verified size at or below each
+        below = np.append(-1, below[:-1])  # ... strictly below
+        floor = np.where(below >= 0, seen[np.maximum(below, 0)], np.inf)
+        return np.where(np.isnan(seen), np.minimum(est, floor), seen)
 
-    def optimistic(self, b: int) -> float:
-        """The least c(b) could be: its estimate if verified in this process, else no less
-        than the largest smaller batch that was."""
-        return self._memoised("o", b, self._optimistic)
+    def spread(self, n: int) -> np.ndarray:
+        """The log-spread of c(1..n)'s posterior: ``COST_SIGMA`` before any round of a size,
+        then narrowing with each one verified (at most 1 / EWMA count: older rounds are forgotten)."""
+        counts = np.zeros(n)
+        for s, k in self.n_seen.items():
+            if s <= n:
+                counts[s - 1] = min(k, 1.0 / EWMA)
+        return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
 
-    def _optimistic(self, b: int) -> float:
-        if b in self.seen:
-            return self.seen[b]
-        below = [s for s in self.seen if s < b]
-        est = self.verify_cost(b)
-        return min(est, self.seen[max(below)]) if below else est
-
-    def spread(self, b: int) -> float:
-        """The log-spread of c(b)'s posterior: ``COST_SIGMA`` before any round of this size, then
-        narrowing with each one verified (at most 1 / EWMA count: older rounds are forgotten)."""
-        n = min(self.n_seen.get(b, 0), 1.0 / EWMA)
-        return 1.0 / math.sqrt(1.0 / COST_SIGMA**2 + n / NOISE_SIGMA**2)
-
-    def drawn(self, rng, scale: float) -> Callable[[int], float]:
-        """One draw of the curve from its posterior, pulled towards the estimate by ``scale``
+    def drawn(self, rng, scale: float, n: int) -> np.ndarray:
+        """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
         (0: the estimate itself). Every size moves with one common factor, each by its own
         spread, between what a smaller verified batch costs and ``b`` single steps."""
+        est = self.table(n)
         if scale <= 0:
-            return self.verify_cost
+            return est
         z = scale * float(rng.standard_normal())
-        c1 = self.verify_cost(1)
-
-        def c(b: int) -> float:
-            if b <= 1:
-                return c1
-            v = self.verify_cost(b) * math.exp(z * self.spread(b))
-            return min(max(v, self.optimistic(b)), b * c1)
-
-        return c
+        v = np.clip(est * np.exp(z * self.spread(n)), self.optimistic(n), np.arange(1, n + 1) * est[0])
+        v[0] = est[0]
+        return v
 
     def observe_verify(self, b: int, seconds: float) -> None:
         """A round verified ``b`` tokens in ``seconds``."""

@@ -110,11 +110,11 @@ def test_a_cost_draw_stays_between_a_smaller_verified_batch_and_b_single_steps()
         cost.observe_verify(4, CPU[4])
     assert cost.verify_cost(16) == pytest.approx(16.0)  # never dearer than 16 single steps
     rng = np.random.default_rng(0)
-    draws = [cost.drawn(rng, 1.0)(16) for _ in range(500)]
+    draws = [cost.drawn(rng, 1.0, 16)[15] for _ in range(500)]
     assert min(draws) >= CPU[4] and max(draws) <= 16.0
     assert np.mean([d < 8 for d in draws]) > 0.1  # a draw prices it as cheap as it may be, now and then
-    assert cost.drawn(rng, 0.0)(16) == cost.verify_cost(16)  # no room left to learn: the estimate
-    sure = [cost.drawn(rng, 1.0)(4) for _ in range(200)]  # verified in this process: nearly certain
+    assert cost.drawn(rng, 0.0, 16)[15] == cost.verify_cost(16)  # no room left to learn: the estimate
+    sure = [cost.drawn(rng, 1.0, 16)[3] for _ in range(200)]  # verified in this process: nearly certain
     assert np.std(sure) < 0.3 * np.std(draws)
 
 
