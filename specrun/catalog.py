@@ -29,7 +29,7 @@ from .compat import VOCAB_CHECK_START_ID, first_token_differences
 from .errors import InputError, SpecrunError
 from .gguf_header import read_header
 from .heads import MTP_ARCHS, Heads, heads_of
-from .modelinfo import ModelInfo, kv_bytes_per_token, model_info
+from .modelinfo import ModelFacts, ModelInfo, model_info
 from .registry import Registry
 from .stores import Found, ScanLimits, StoreRoots, scan_stores, split_parts
 
@@ -38,30 +38,11 @@ CACHE_VERSION = 1
 CACHE_MAX_ENTRIES = 5000  # oldest dropped beyond this
 
 
-@dataclass(frozen=True)
-class Summary:
-    path: Path
-    size: int  # bytes on disk, all parts of a split model
-    architecture: str
-    name: str
-    quant: str
-    n_params: int
-    weights_bytes: int
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_ff: int
-    n_ctx_train: int
-    kv_elems_per_token: int
-    tokenizer_model: str
-    tokenizer_pre: str | None
-    n_vocab: int
-    bos_id: int | None
-    eos_id: int | None
-    eot_id: int | None
-    pad_id: int | None
-    add_bos: bool | None
-    add_eos: bool | None
+@dataclass(frozen=True, kw_only=True)
+class Summary(ModelFacts):
+    """A header's facts as a catalog keeps them (``file_size``, ``n_params`` and
+    ``weights_bytes`` count every part of a split model), with the vocabulary's hashes."""
+
     texts_hash: str
     fingerprint: str
     mtp_heads: int = 0  # built-in MTP heads (heads.py), their weights and KV bytes per position
@@ -78,9 +59,6 @@ class Summary:
             self.mtp_kv_per_token,
             self.architecture in MTP_ARCHS,
         )
-
-    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
-        return kv_bytes_per_token(self.kv_elems_per_token, cache_type) * n_ctx
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -113,31 +91,10 @@ def summarize(m: ModelInfo, size: int | None = None) -> Summary:
     texts = hashlib.sha256(_token_bytes(m.tokens, min(VOCAB_CHECK_START_ID, n), n)).hexdigest()
     fp = hashlib.sha256()
     facts = [m.tokenizer_model, n, m.bos_id, m.eos_id, m.eot_id, m.pad_id, m.add_bos, m.add_eos]
-    fp.update(json.dumps([x if not hasattr(x, "item") else x.item() for x in facts]).encode())
+    fp.update(json.dumps(facts).encode())
     fp.update(_token_bytes(m.tokens, 0, n))
     return Summary(
-        path=m.path,
-        size=size if size is not None else m.file_size,
-        architecture=m.architecture,
-        name=m.name,
-        quant=m.quant,
-        n_params=params,
-        weights_bytes=weights,
-        n_layer=m.n_layer,
-        n_embd=m.n_embd,
-        n_head=m.n_head,
-        n_ff=m.n_ff,
-        n_ctx_train=m.n_ctx_train,
-        kv_elems_per_token=m.kv_elems_per_token,
-        tokenizer_model=m.tokenizer_model,
-        tokenizer_pre=m.tokenizer_pre,
-        n_vocab=n,
-        bos_id=m.bos_id,
-        eos_id=m.eos_id,
-        eot_id=m.eot_id,
-        pad_id=m.pad_id,
-        add_bos=None if m.add_bos is None else bool(m.add_bos),
-        add_eos=None if m.add_eos is None else bool(m.add_eos),
+        **m.facts() | {"file_size": m.file_size if size is None else size, "n_params": params, "weights_bytes": weights},
         texts_hash=texts,
         fingerprint=fp.hexdigest(),
         mtp_heads=heads.count,
@@ -267,7 +224,7 @@ class Known:
             "stores": self.stores,
             "path": str(self.path) if self.path else None,
             "parts": self.parts,
-            "size": s.size if s else None,
+            "size": s.file_size if s else None,
             "architecture": s.architecture if s else None,
             "name": s.name if s else None,
             "quant": s.quant if s else None,

@@ -42,7 +42,7 @@ class Candidate:
             "name": self.summary.name,
             "architecture": self.summary.architecture,
             "quant": self.summary.quant,
-            "size": self.summary.size,
+            "size": self.summary.file_size,
             "weights_bytes": self.summary.weights_bytes,
             "size_ratio": round(self.size_ratio, 4),
             "memory_bytes": self.memory.total,

@@ -272,7 +272,9 @@ def scan_table(c: Catalog) -> Table:
             continue
         parts = f" ({k.parts} parts)" if k.parts > 1 else ""
         heads = f"MTP x{s.mtp_heads}" if s.mtp_heads else "-"  # built-in MTP heads
-        t.add_row(refs, human_bytes(s.size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", heads, s.fingerprint[:12])
+        t.add_row(
+            refs, human_bytes(s.file_size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", heads, s.fingerprint[:12]
+        )
     return t
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +18,8 @@ try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
 except ImportError:  # pragma: no cover - very old gguf
     LlamaFileType = None  # type: ignore[assignment]
 
-# bytes per element of llama.cpp's KV-cache types (--cache-type-k/-v)
 MAX_LAYERS = 1024  # more layers than tensors is a corrupt header, beyond this even in a vocabulary-only file
+# bytes per element of llama.cpp's KV-cache types (--cache-type-k/-v)
 CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
@@ -31,75 +31,61 @@ class LayerWeights:
     tied_head: int  # bytes of token embeddings copied to the output layer's device when not the CPU
 
 
-def kv_bytes_per_token(elems: int, cache_type: str = "f16") -> int:
-    return int(elems * CACHE_TYPE_BYTES[cache_type])
+@dataclass(frozen=True, kw_only=True)
+class ModelFacts:
+    """The one model record: what a GGUF header says about a model, as plain numbers.
 
+    A header read now is a :class:`ModelInfo`: these facts and the header itself (token texts,
+    tensors, heads per layer). One read on an earlier run is a ``catalog.Summary``: these facts
+    and hashes of the vocabulary. The vocabulary rules (``compat``) and the whole-model memory
+    estimate (``memory.estimate_local``) read these facts alone, so either serves; a placed
+    estimate needs the tensors, so a ModelInfo."""
 
-class ModelFacts(Protocol):
-    """The one model record the checks read: a model's header facts, whether read now
-    (:class:`ModelInfo`) or cached from an earlier read (``catalog.Summary``). The vocabulary
-    rules (``compat``) read the tokenizer fields, the whole-model memory estimate (``memory``)
-    the shape; a placed estimate needs the tensors, so a ModelInfo."""
-
-    @property
-    def tokenizer_model(self) -> str: ...
-    @property
-    def tokenizer_pre(self) -> str | None: ...
-    @property
-    def n_vocab(self) -> int: ...
-    @property
-    def bos_id(self) -> int | None: ...
-    @property
-    def eos_id(self) -> int | None: ...
-    @property
-    def eot_id(self) -> int | None: ...
-    @property
-    def pad_id(self) -> int | None: ...
-    @property
-    def add_bos(self) -> bool | None: ...
-    @property
-    def add_eos(self) -> bool | None: ...
-    @property
-    def weights_bytes(self) -> int: ...
-    @property
-    def n_layer(self) -> int: ...
-    @property
-    def n_head(self) -> int: ...
-    @property
-    def n_embd(self) -> int: ...
-    @property
-    def n_ff(self) -> int: ...
-    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int: ...
-
-
-@dataclass
-class ModelInfo:
     path: Path
-    file_size: int
+    file_size: int  # bytes on disk
     architecture: str
     name: str
+    quant: str
     n_params: int
+    weights_bytes: int
     n_layer: int
     n_ctx_train: int
     n_embd: int
-    n_head: int
-    n_head_kv: list[int]  # per layer
-    head_dim_k: int
-    head_dim_v: int
+    n_head: int  # the largest, where layers differ
     n_ff: int
-    sliding_window: int | None
-    quant: str
-    weights_bytes: int
+    kv_elems_per_token: int  # KV-cache elements one context position holds across all layers
     tokenizer_model: str
     tokenizer_pre: str | None
-    tokens: Any  # Sequence[str]; a StringArray for real files
-    token_types: Any
+    n_vocab: int
     bos_id: int | None
     eos_id: int | None
     eot_id: int | None
     pad_id: int | None
     add_bos: bool | None
     add_eos: bool | None
+
+    def kv_bytes_per_token(self, cache_type: str = "f16") -> int:
+        """KV-cache bytes one context position costs across all layers."""
+        return int(self.kv_elems_per_token * CACHE_TYPE_BYTES[cache_type])
+
+    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
+        return self.kv_bytes_per_token(cache_type) * n_ctx
+
+    def facts(self) -> dict[str, Any]:
+        """These facts alone, by name: what a record that adds its own is built from."""
+        return {f.name: getattr(self, f.name) for f in fields(ModelFacts)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo(ModelFacts):
+    """A header read now: the facts and what they come from."""
+
+    n_head_kv: list[int]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+    sliding_window: int | None
+    tokens: Any  # Sequence[str]; a StringArray for real files
+    token_types: Any
     chat_template: str | None
     header: GGUFHeader
     arch: Architecture  # attention only, hybrid or recurrent; how a rejected draft is undone
@@ -109,22 +95,6 @@ class ModelInfo:
     def state_bytes(self) -> int:
         """One copy of the recurrent state of one sequence (0 for attention only)."""
         return self.arch.state_bytes or 0
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def kv_elems_per_token(self) -> int:
-        """KV-cache elements one context position holds across all layers."""
-        return sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv)
-
-    def kv_bytes_per_token(self, cache_type: str = "f16") -> int:
-        """KV-cache bytes one context position costs across all layers."""
-        return kv_bytes_per_token(self.kv_elems_per_token, cache_type)
-
-    def kv_bytes(self, n_ctx: int, cache_type: str = "f16") -> int:
-        return self.kv_bytes_per_token(cache_type) * n_ctx
 
     def layer_weights(self) -> LayerWeights:
         """Weight bytes as llama.cpp places them: the input layer (token embeddings, always on
@@ -209,6 +179,10 @@ def _int(v: Any) -> int | None:
     return None
 
 
+def _bool(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
 def quant_name(header: GGUFHeader) -> str:
     ft = header.get("general.file_type")
     if ft is not None and LlamaFileType is not None:
@@ -253,6 +227,8 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         # with the target's, as loading the heads adds it; see heads.py)
         recurrent = list(arch_info.recurrent_layers) + [False] * (n_layer - len(arch_info.recurrent_layers))
         n_head_kv = [0 if r else kv for kv, r in zip(n_head_kv, recurrent)]
+    head_dim_k = _int(a("attention.key_length")) or head_dim
+    head_dim_v = _int(a("attention.value_length")) or head_dim
     tokens = h.get("tokenizer.ggml.tokens", [])
     ff = a("feed_forward_length", 0)
     return ModelInfo(
@@ -266,22 +242,24 @@ def model_info(path_or_header: str | Path | GGUFHeader) -> ModelInfo:
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
-        head_dim_k=_int(a("attention.key_length")) or head_dim,
-        head_dim_v=_int(a("attention.value_length")) or head_dim,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        kv_elems_per_token=sum(kv * (head_dim_k + head_dim_v) for kv in n_head_kv),
         n_ff=int(np.max(ff)) if isinstance(ff, np.ndarray) else (_int(ff) or 0),
         sliding_window=_int(a("attention.sliding_window")),
         quant=quant_name(h),
         weights_bytes=sum(t.nbytes for t in h.tensors),
         tokenizer_model=str(h.get("tokenizer.ggml.model", "none")),
         tokenizer_pre=h.get("tokenizer.ggml.pre"),
+        n_vocab=len(tokens),
         tokens=tokens,
         token_types=h.get("tokenizer.ggml.token_type"),
         bos_id=_int(h.get("tokenizer.ggml.bos_token_id")),
         eos_id=_int(h.get("tokenizer.ggml.eos_token_id")),
         eot_id=_int(h.get("tokenizer.ggml.eot_token_id")),
         pad_id=_int(h.get("tokenizer.ggml.padding_token_id")),
-        add_bos=h.get("tokenizer.ggml.add_bos_token"),
-        add_eos=h.get("tokenizer.ggml.add_eos_token"),
+        add_bos=_bool(h.get("tokenizer.ggml.add_bos_token")),
+        add_eos=_bool(h.get("tokenizer.ggml.add_eos_token")),
         chat_template=h.get("tokenizer.chat_template"),
         header=h,
         arch=arch_info,

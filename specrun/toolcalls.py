@@ -83,6 +83,7 @@ class _ObjectScanner:
     starts and where it ends. Nested values are skipped by depth, strings by their quotes."""
 
     WS = " \t\r\n"
+    BETWEEN_TOKENS = frozenset({"start", "key_or_end", "comma", "colon", "value_start"})  # white space is skipped
 
     def __init__(self) -> None:
         self.state = "start"  # start | key_or_end | key | colon | value_start | value | prim | comma | done
@@ -98,15 +99,13 @@ class _ObjectScanner:
     def feed(self, ch: str, i: int) -> None:
         """Advance over ``ch`` at buffer index ``i``; raises _Broken on what JSON cannot be."""
         s = self.state
+        if s in self.BETWEEN_TOKENS and ch in self.WS:
+            return
         if s == "start":
-            if ch in self.WS:
-                return
             if ch != "{":
                 raise _Broken()
             self.state = "key_or_end"
         elif s in ("key_or_end", "comma"):
-            if ch in self.WS:
-                return
             if ch == "}":
                 self.state = "done"
             elif s == "key_or_end" and ch == '"':
@@ -130,14 +129,10 @@ class _ObjectScanner:
                 return
             self.key_raw.append(ch)
         elif s == "colon":
-            if ch in self.WS:
-                return
             if ch != ":":
                 raise _Broken()
             self.state = "value_start"
         elif s == "value_start":
-            if ch in self.WS:
-                return
             self.value_start = i
             if ch in "{[":
                 self.state, self.depth, self.in_string = "value", 1, False

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from fake_hub import FakeHub
 from store_layouts import hf_cache, lmstudio_store, ollama_manifest_path, ollama_store, sha256_of
 from tiny_models import variants, write_model
 
-from specrun.catalog import Catalog, Known, Summary, SummaryCache
+from specrun.catalog import Catalog, Known, Summary, SummaryCache, summarize
 from specrun.cli.main import main
 from specrun.compat import check_vocab
 from specrun.discovery import find_drafts
@@ -243,34 +244,11 @@ def test_drafts_reads_each_header_once_then_only_changed_files(stores, tiny, cap
     assert again["cannot_draft"] == first["cannot_draft"]
 
 
-def test_drafts_ranks_same_family_then_smallest(tmp_path):
-    def summary(name: str, arch: str, weights: int, fp: str = "f") -> Summary:
-        return Summary(
-            tmp_path / name,
-            weights,
-            arch,
-            name,
-            "Q4_K_M",
-            weights,
-            weights,
-            2,
-            64,
-            4,
-            128,
-            4096,
-            256,
-            "gpt2",
-            "qwen2",
-            640,
-            1,
-            2,
-            None,
-            None,
-            False,
-            None,
-            "same-texts",
-            fp,
-        )
+def test_drafts_ranks_same_family_then_smallest(tmp_path, tiny):
+    real = summarize(model_info(tiny["target"]))  # one vocabulary for all: every rule passes
+
+    def summary(name: str, arch: str, weights: int) -> Summary:
+        return replace(real, path=tmp_path / name, architecture=arch, name=name, weights_bytes=weights, file_size=weights)
 
     target = summary("target", "qwen2", 10_000)
     models = [
