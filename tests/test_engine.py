@@ -7,7 +7,7 @@ import pytest
 
 from specrun.backend import LoadOptions, Model
 from specrun.control import Plan
-from specrun.costs import CostModel
+from specrun.costs import EWMA, CostModel
 from specrun.engine import Engine, Settings, speculative_round
 from specrun.errors import PromptTooLong, UsageError
 from specrun.learned import Learned
@@ -245,6 +245,54 @@ def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_
         p = flat.propose(prompt, 4, 0.0)
         flat.observe(Outcome("model", p, 0, [p.tokens[0] + 1], False, RoundStats("model", len(p.tokens), 0, 1, 0.0, 0.0, 0.0)))
     assert flat.positions.means()[0] < 0.5
+
+
+def test_the_stop_rule_looks_past_a_step_in_the_verify_curve(loaded):
+    """A verify curve with a step (as the demo target's on this CPU: 8 tokens cost as much as
+    16): a confident, well-accepted draft goes on to the far side of the step instead of stopping
+    where the next token alone does not pay; where the step never flattens, it stops short."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.stats import RoundStats
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    prompt = target.tokenize(PROMPTS[0])
+    step = {1: 1.0, 2: 1.8, 3: 2.6, 4: 3.4, 5: 4.2, 6: 5.0, 7: 5.8, 8: 6.6, 12: 6.6, 16: 6.6, 24: 9.0, 32: 12.0}  # x one step
+    steep = {b: float(b) for b in step}  # every token a whole step, never flattening
+
+    def source(curve):
+        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel({b: 0.01 * v for b, v in curve.items()}), 16)
+        src.per_token = 1e-5
+        for _ in range(40):  # every position it drafts is accepted
+            p = src.propose(prompt, 16, 0.0)
+            src.observe(Outcome("model", p, len(p.tokens), p.tokens, False, RoundStats("model", len(p.tokens), len(p.tokens), 0, 0.0, 0.0, 0.0)))
+        return src
+
+    worth = 1.2 / 0.01  # the round's planned rate: 1.2x plain
+    assert len(source(step).propose(prompt, 16, worth).tokens) >= 12
+    assert len(source(steep).propose(prompt, 16, worth).tokens) <= 2
+
+
+def test_a_drafted_tokens_cost_is_learned_from_its_steps_not_from_a_catch_up(loaded):
+    """The first draft after a catch-up comes out of the catch-up's decode: it is not a free
+    token, so the per-token cost learns from the later ones only."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.stats import RoundStats
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 8)
+    src.per_token = 0.02
+    draft.reset()
+    tokens = target.tokenize(PROMPTS[0] * 4)
+    p = src.propose(tokens, 1, 0.0)  # a catch-up of the whole prompt, and one draft out of it
+    assert p.sync_s > 0 and len(p.tokens) == 1
+    src.observe(Outcome("model", p, 1, p.tokens, False, RoundStats("model", 1, 1, 0, p.sync_s, 0.0, 0.0)))
+    assert src.per_token == 0.02  # nothing learned: no draft step was taken
+    p = src.propose(tokens + p.tokens, 3, 0.0)  # a normal round: one or two new tokens, then steps
+    assert p.sync_s == 0 and len(p.tokens) == 3
+    src.observe(Outcome("model", p, 3, p.tokens, False, RoundStats("model", 3, 3, 0, 0.006, 0.0, 0.0)))
+    assert src.per_token == pytest.approx(0.02 + EWMA * (0.002 - 0.02))
 
 
 def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded):
