@@ -232,7 +232,7 @@ run_specrun() {  # $1 = run number; prints "TPS ACCEPT%" or "failed"
   [[ -n "$specrun" ]] || { echo "specrun not found (not on PATH, no $repo/.venv/bin/specrun)" >"$err"; echo "failed"; return 0; }
   local rc=0
   "$specrun" generate -m "$TARGET_GGUF" -d "$DRAFT_GGUF" --draft model --fixed --draft-max "$DRAFT_MAX" \
-    --draft-min 0 --draft-p-split 0 --tie-margin 0 -p "$PROMPT" -n "$N_PREDICT" --temp 0 -t "$THREADS" -c "$CTX" --json >"$out" 2>"$err" || rc=$?
+    --draft-min 0 --draft-p-min 0 --tie-margin 0 -p "$PROMPT" -n "$N_PREDICT" --temp 0 -t "$THREADS" -c "$CTX" --json >"$out" 2>"$err" || rc=$?
   if [[ $rc -ne 0 ]]; then
     echo "specrun generate exited with status $rc" >>"$err"
     echo "failed"
@@ -258,7 +258,7 @@ echo "target: $TARGET_GGUF"
 echo "draft:  $DRAFT_GGUF"
 echo "settings: K=$DRAFT_MAX, -n $N_PREDICT, temp 0, $THREADS threads, ctx $CTX, ngl $NGL; $RUNS run(s) each, alternated"
 echo "llama.cpp: $bin/llama-speculative-simple ${spec_args[*]} -p <prompt>"
-echo "specrun:   ${specrun:-specrun} generate -m ... -d ... --draft model --fixed --draft-max $DRAFT_MAX --draft-min 0 --draft-p-split 0 --tie-margin 0 -p <prompt> -n $N_PREDICT --temp 0 -t $THREADS -c $CTX --json"
+echo "specrun:   ${specrun:-specrun} generate -m ... -d ... --draft model --fixed --draft-max $DRAFT_MAX --draft-min 0 --draft-p-min 0 --tie-margin 0 -p <prompt> -n $N_PREDICT --temp 0 -t $THREADS -c $CTX --json"
 
 llama_tps=() llama_acc="" spec_tps=() spec_acc="" spec_failed=0 llama_failed=0
 for ((i = 1; i <= RUNS; i++)); do

@@ -606,7 +606,7 @@ class Model:
         buf = old.data if old is not None and len(old.data) >= size else (ctypes.c_uint8 * size)()
         got = int(ll.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags))
         if got == 0:
-            raise BackendError(f"cannot save the recurrent state of {self.path.name}", "use {draft} none")
+            raise BackendError(f"cannot save the recurrent state of {self.path.name}", "use {mode} none")
         kept.append(_Checkpoint(self.n_past, got, buf))
         st = self.rollback_stats
         st.checkpoints += 1
@@ -640,7 +640,7 @@ class Model:
             ok = ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
             if ok or self.rollback_method == "trim":
                 if not ok:
-                    raise BackendError(f"llama.cpp refused to roll {self.path.name}'s cache back to {n_past}", "use {draft} none")
+                    raise BackendError(f"llama.cpp refused to roll {self.path.name}'s cache back to {n_past}", "use {mode} none")
                 del self.tokens[n_past:]
                 self._undoable = 0  # a snapshot serves once: the next decode consumes it
                 if self.rollback_method == "trim":
@@ -661,7 +661,7 @@ class Model:
             ck = self._checkpoints[-1]
             flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
             if int(ll.llama_state_seq_set_data_ext(self._ctx, ck.data, ck.size, 0, flags)) == 0:
-                raise BackendError(f"cannot restore the recurrent state of {self.path.name}", "use {draft} none")
+                raise BackendError(f"cannot restore the recurrent state of {self.path.name}", "use {mode} none")
             ll.llama_memory_seq_rm(self._mem, 0, ck.n_past, -1)  # the attention part keeps what the state saw
             start = ck.n_past
             st.restores += 1
@@ -742,7 +742,7 @@ class MtpHeads:
 
     def __init__(self, target: Model):
         if target.n_nextn <= 0:
-            raise UsageError(f"{target.path.name} has no MTP heads", "use another {draft}", "draft")
+            raise UsageError(f"{target.path.name} has no MTP heads", "use another {mode}", "mode")
         if not target.opts.load_mtp:  # pragma: no cover - a programming error
             raise ValueError("load the target with LoadOptions(load_mtp=True) first")
         log = _ensure_init()
@@ -766,7 +766,7 @@ class MtpHeads:
         self._ctx = ll.llama_init_from_model(target._model, cp)
         if not self._ctx:
             why = "; ".join(log.errors) or "out of memory?"
-            raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {draft}")
+            raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {mode}")
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_ext_init(self._ctx)
         self.n_batch = max(1, int(ll.llama_n_batch(self._ctx)))
@@ -811,7 +811,7 @@ class MtpHeads:
         rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self.target._ctx), shape=(n, self.n_embd))
         before = self.state_before(pos0) if self.has_state_before(pos0) else None
         if pos0 > self.n_past or (before is None and self.n_past <= pos0):  # pragma: no cover - Model keeps them in step
-            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {draft}")
+            raise BackendError(f"the MTP heads lost step with the target (at {self.n_past}, batch at {pos0})", "use another {mode}")
         self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_embd), np.float32), rows])
         self._lo = pos0 - (before is not None)
         # a batch re-decoding positions the heads hold keeps their entries
@@ -851,7 +851,7 @@ class MtpHeads:
         rc = ll.llama_process(self._ctx, ll.LLAMA_PROCESS_TYPE_DECODE, self._batch)
         ll.llama_batch_ext_clear(self._batch)
         if rc != 0:
-            raise BackendError(f"the MTP heads failed to {what} (llama_process code {rc})", "use another {draft}")
+            raise BackendError(f"the MTP heads failed to {what} (llama_process code {rc})", "use another {mode}")
 
     def _feed(self, keep: int = 0) -> None:
         """Feed the queue to the heads' cache, leaving at most ``keep`` entries queued."""

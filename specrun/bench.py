@@ -239,11 +239,11 @@ class BenchResult:
 
 def parse_mode(spec: str) -> tuple[str, int | None]:
     """``hybrid`` -> ("hybrid", None), adaptive; ``model:4`` -> ("model", 4): exactly 4 drafts
-    every round (fixed, p-split 0), to set beside the adaptive modes."""
+    every round (fixed, p-min 0), to set beside the adaptive modes."""
     name, sep, k = spec.partition(":")
     if name not in DRAFT_MODES or (sep and (name == "none" or not (k.isdigit() and 1 <= int(k) <= 256))):
         raise UsageError(
-            f"{{draft}} takes modes from {', '.join(DRAFT_MODES)}, each optionally :K for a fixed draft length, got {spec!r}",
+            f"{{mode}} takes modes from {', '.join(DRAFT_MODES)}, each optionally :K for a fixed draft length, got {spec!r}",
             "e.g. hybrid,model:4,ngram:8",
             "draft",
         )
@@ -253,9 +253,9 @@ def parse_mode(spec: str) -> tuple[str, int | None]:
 def mode_settings(settings: Settings, spec: str) -> Settings:
     name, k = parse_mode(spec)
     if k is None:
-        return dataclasses.replace(settings, draft=name)
+        return dataclasses.replace(settings, mode=name)
     # exactly K every round: no early stop on the draft's confidence either
-    return dataclasses.replace(settings, draft=name, fixed=True, draft_max=k, draft_min=min(settings.draft_min, k), p_split=0.0)
+    return dataclasses.replace(settings, mode=name, fixed=True, draft_max=k, draft_min=min(settings.draft_min, k), p_min=0.0)
 
 
 def run_bench(

@@ -42,45 +42,42 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
-    draft: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
-    draft_max: int | None = None  # None: DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
+    mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
+    draft_max: int = 0  # the most drafts a round; 0 (or None): DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
     draft_min: int = 1
-    p_split: float = 0.6  # fixed mode: the draft model stops below this confidence (adaptive: its stop rule)
+    p_min: float = 0.6  # fixed mode: the draft model stops below this confidence, as llama.cpp's p-min
+    # (adaptive: its stop rule)
     fixed: bool = False
     ngram_min: int = 2
     ngram_max: int = 6
     tie_margin: float = 0.5  # greedy: near-ties closer than this are settled by a plain step
 
     def __post_init__(self):
-        if self.draft_max is None:
+        if not self.draft_max:
             object.__setattr__(self, "draft_max", DRAFT_MAX_FIXED if self.fixed else DRAFT_MAX_ADAPTIVE)
-        if self.draft not in DRAFT_MODES:
-            raise UsageError(f"{{draft}} must be one of {', '.join(DRAFT_MODES)}, got {self.draft!r}", "pick one", "draft")
-        if self.k_max < 1:
-            raise UsageError(f"{{draft_max}} must be >= 1, got {self.draft_max}", "use {draft} none for no drafting", "draft_max")
-        if not 0 <= self.draft_min <= self.k_max:
-            raise UsageError(f"{{draft_min}} must be in [0, {self.k_max}] ({{draft_max}}), got {self.draft_min}", "lower it", "draft_min")
-        if not 0.0 <= self.p_split <= 1.0:
-            raise UsageError(f"{{p_split}} must be in [0, 1], got {self.p_split}", "e.g. 0.6", "p_split")
+        if self.mode not in DRAFT_MODES:
+            raise UsageError(f"{{mode}} must be one of {', '.join(DRAFT_MODES)}, got {self.mode!r}", "pick one", "mode")
+        if self.draft_max < 1:
+            raise UsageError(f"{{draft_max}} must be >= 1, got {self.draft_max}", "use {mode} none for no drafting", "draft_max")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise UsageError(
+                f"{{draft_min}} must be in [0, {self.draft_max}] ({{draft_max}}), got {self.draft_min}", "lower it", "draft_min"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"{{p_min}} must be in [0, 1], got {self.p_min}", "e.g. 0.6", "p_min")
         if not self.tie_margin >= 0:
             raise UsageError(f"{{tie_margin}} must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off", "tie_margin")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UsageError("{ngram_min} and {ngram_max} need 1 <= min <= max", "e.g. 2 and 6", "ngram_min")
 
     @property
-    def k_max(self) -> int:
-        """``draft_max`` once resolved (never None after construction)."""
-        assert self.draft_max is not None
-        return self.draft_max
-
-    @property
     def sources(self) -> list[str]:
-        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "hybrid": ["ngram", "mtp", "model"], "none": []}[self.draft]
+        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "hybrid": ["ngram", "mtp", "model"], "none": []}[self.mode]
 
     def without_draft_model(self, heads: bool = False) -> Settings:
         """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
         or with the target's MTP heads when they are loaded (``heads``)."""
-        return dataclasses.replace(self, draft="ngram") if self.draft == "hybrid" and not heads else self
+        return dataclasses.replace(self, mode="ngram") if self.mode == "hybrid" and not heads else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,13 +210,11 @@ class Engine:
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
         (its curve, unless ``cost`` is given, what each source learned, the near-tie rate);
         ``heads``: the target's MTP heads, attached to it (a source of their own)."""
-        if settings.draft == "mtp" and heads is None:
-            raise UsageError("{draft} mtp needs the target's MTP heads loaded", "use another {draft}", "draft")
-        if settings.draft == "model" and draft is None:
-            raise UsageError(
-                f"{{draft}} {settings.draft} needs a draft model", "give one ({draft_model}) or use {draft} ngram", "draft_model"
-            )
-        if target.draft_limit is not None and target.draft_limit < settings.k_max:  # a snapshot target undoes at most this many drafts
+        if settings.mode == "mtp" and heads is None:
+            raise UsageError("{mode} mtp needs the target's MTP heads loaded", "use another {mode}", "mode")
+        if settings.mode == "model" and draft is None:
+            raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
+        if target.draft_limit is not None and target.draft_limit < settings.draft_max:  # a snapshot target undoes at most this many drafts
             settings = dataclasses.replace(settings, draft_max=target.draft_limit, draft_min=min(settings.draft_min, target.draft_limit))
         self.target = target
         self.settings = settings
@@ -230,13 +225,13 @@ class Engine:
         self.sources: dict[str, Source] = draft_sources.build(
             settings.sources,
             draft_sources.Makings(
-                target, draft, heads, sampler, self.rng, self.cost, settings.k_max, (settings.ngram_min, settings.ngram_max)
+                target, draft, heads, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
             ),
         )
         for src in self.sources.values():
             if isinstance(src, Autoregressive) and settings.fixed:
-                src.p_split = settings.p_split
-        self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.k_max, fixed=settings.fixed)
+                src.p_min = settings.p_min
+        self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.draft_max, fixed=settings.fixed)
         if learned is not None:
             for name, src in self.sources.items():
                 src.load(learned.sources.get(name) or {})
@@ -278,7 +273,7 @@ class Engine:
         return len(todo) + 1  # the pending last token is evaluated by the first round
 
     def _may_draft(self, src: Source) -> bool:
-        return self.settings.fixed or self.chooser.could_pay(src, self.settings.k_max)
+        return self.settings.fixed or self.chooser.could_pay(src, self.settings.draft_max)
 
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream (a request's own seed, say); the draft model shares it."""
@@ -311,7 +306,7 @@ class Engine:
 
         measure(1)  # the first decode after a load or a pause is slow: not part of the curve
         watch = CpuWatch()
-        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.k_max + 1)]
+        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.draft_max + 1)]
         self.cost.adopt(calibrate(measure, sizes, others=watch.others))
         model = self.sources.get("model")
         if isinstance(model, ModelSource) and model.model.n_ctx > model.model.n_past:
@@ -353,7 +348,7 @@ class Engine:
                 if room < 0:
                     reason = "context"
                     break
-                k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.k_max))
+                k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.draft_max))
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
                 caps = {name: src.prepare(tokens, k_room, remaining) for name, src in self.sources.items()}
                 plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, min(room, remaining), self.choice_rng)

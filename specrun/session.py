@@ -65,29 +65,29 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     """The target and draft files for these names, and the settings as they apply: hybrid
     drafts with the target's own MTP heads when it has them (its best free draft; the chooser
     weighs them against a draft model named or registered beside them), and is the n-gram
-    lookup alone with neither at hand. ``{draft}
+    lookup alone with neither at hand. ``{mode}
     mtp`` on a target without heads is refused here, from its header, before anything loads."""
     target = require_file(reg.resolve(model))
     heads = heads_of(model_info(target.path))
-    if settings.draft == "mtp":
+    if settings.mode == "mtp":
         if not heads.usable:
             raise UsageError(
-                f"{{draft}} mtp needs built-in MTP heads, and {target.label} has {_no_heads(heads)}; "
+                f"{{mode}} mtp needs built-in MTP heads, and {target.label} has {_no_heads(heads)}; "
                 f"its draft sources: {', '.join(_sources(reg, target))}",
-                "use {draft} ngram, or give a draft model ({draft_model}) with {draft} model",
+                "use {mode} ngram, or give a draft model ({draft_model}) with {mode} model",
                 "draft",
             )
         if draft_model:
-            raise UsageError("{draft} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {draft} hybrid", "draft")
+            raise UsageError("{mode} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {mode} hybrid", "mode")
         return target, None, settings
     draft = None
     if "model" in settings.sources:
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
         if d is None:
-            if settings.draft == "model":
+            if settings.mode == "model":
                 raise UsageError(
                     f"no draft model for {target.label}",
-                    "give one ({draft_model}), set `draft` in its registry entry, or use {draft} ngram",
+                    "give one ({draft_model}), set `draft` in its registry entry, or use {mode} ngram",
                     "draft_model",
                 )
         else:
@@ -151,7 +151,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
         if not compat.compatible:
             raise IncompatiblePair(
                 f"{d_info.path.name} cannot draft for {t_info.path.name}: {compat.reason()}",
-                "pick a draft of the same family (specrun check-pair shows the details) or use {draft} ngram",
+                "pick a draft of the same family (specrun check-pair shows the details) or use {mode} ngram",
             )
     notices = []
     inv = connect(cfg)

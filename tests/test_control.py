@@ -23,9 +23,9 @@ class Arm:
     """A draft source on hand-made numbers: each position accepted with probability ``accept``
     (unknown to the chooser, which learns it as a real source does), ``d`` seconds a token."""
 
-    def __init__(self, name: str, accept: float, d: float, k_max: int = 16):
+    def __init__(self, name: str, accept: float, d: float, draft_max: int = 16):
         self.name, self.accept, self.d = name, accept, d
-        self.positions = RateTable(k_max)
+        self.positions = RateTable(draft_max)
 
     def begin(self, prompt, may_draft):
         pass

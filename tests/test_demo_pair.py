@@ -87,7 +87,7 @@ def check_same(label, out, plain, gaps):
 def test_qwen_pair_matches_plain_up_to_llama_cpp_batch_noise(pair, i):
     t, d = pair
     plain, _ = run(t, None, Settings("none"), PROMPTS[i])
-    fixed, fs = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[i])
+    fixed, fs = run(t, d, Settings("model", draft_max=4, p_min=0.0, fixed=True), PROMPTS[i])
     hybrid, hs = run(t, d, Settings("hybrid", draft_max=8), PROMPTS[i])
     ngram, _ = run(t, None, Settings("ngram", draft_max=8), PROMPTS[i])
     found: list[list[float]] = []
@@ -104,6 +104,6 @@ def test_qwen_pair_matches_plain_up_to_llama_cpp_batch_noise(pair, i):
 
 def test_qwen_pair_detokenizes_to_sensible_code(pair):
     t, d = pair
-    out, stats = run(t, d, Settings("model", draft_max=4, p_split=0.0, fixed=True), PROMPTS[0], n=48)
+    out, stats = run(t, d, Settings("model", draft_max=4, p_min=0.0, fixed=True), PROMPTS[0], n=48)
     text = t.detokenize(out).decode("utf-8", errors="replace")
     assert "def " in text and "datetime" in text

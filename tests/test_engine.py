@@ -59,7 +59,7 @@ COMBOS = [
 
 @pytest.mark.parametrize("draft, mode, fixed, k", COMBOS)
 def test_greedy_speculation_is_token_identical_to_plain(loaded, plain, draft, mode, fixed, k):
-    settings = Settings(mode, draft_max=k, draft_min=1, p_split=0.0, fixed=fixed)
+    settings = Settings(mode, draft_max=k, draft_min=1, p_min=0.0, fixed=fixed)
     for p in PROMPTS:
         out, stats = generate(loaded["target"], loaded[draft], settings, p)
         assert out == plain[p], (p, stats.to_json())
@@ -68,7 +68,7 @@ def test_greedy_speculation_is_token_identical_to_plain(loaded, plain, draft, mo
 
 
 def test_copy_draft_is_always_accepted_and_unrelated_rarely(loaded):
-    s = Settings("model", draft_max=4, p_split=0.0, fixed=True, tie_margin=0.0)
+    s = Settings("model", draft_max=4, p_min=0.0, fixed=True, tie_margin=0.0)
     _, copy = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0])
     _, unrel = generate(loaded["target"], loaded["draft-unrelated"], s, PROMPTS[0])
     assert copy.acceptance_rate == 1.0
@@ -77,7 +77,7 @@ def test_copy_draft_is_always_accepted_and_unrelated_rarely(loaded):
 
 
 def test_temperature_with_draft_equal_target_accepts_nearly_all(loaded):
-    s = Settings("model", draft_max=4, p_split=0.0, fixed=True)
+    s = Settings("model", draft_max=4, p_min=0.0, fixed=True)
     drafted = accepted = 0
     for seed in range(40):
         if drafted >= 300:
@@ -90,7 +90,7 @@ def test_temperature_with_draft_equal_target_accepts_nearly_all(loaded):
 
 
 def test_sampling_is_reproducible_with_a_seed(loaded):
-    s = Settings("model", draft_max=3, p_split=0.0, fixed=True)
+    s = Settings("model", draft_max=3, p_min=0.0, fixed=True)
     a, _ = generate(loaded["target"], loaded["draft-perturbed"], s, PROMPTS[0], sampler=Sampler(0.8, seed=11))
     b, _ = generate(loaded["target"], loaded["draft-perturbed"], s, PROMPTS[0], sampler=Sampler(0.8, seed=11))
     c, _ = generate(loaded["target"], loaded["draft-perturbed"], s, PROMPTS[0], sampler=Sampler(0.8, seed=12))
@@ -100,7 +100,7 @@ def test_sampling_is_reproducible_with_a_seed(loaded):
 def test_rollback_leaves_the_cache_as_a_fresh_decode(loaded, tiny):
     """After random accepts and rejects, the target's next logits equal a fresh decode."""
     target = loaded["target"]
-    s = Settings("model", draft_max=6, p_split=0.0, fixed=True)
+    s = Settings("model", draft_max=6, p_min=0.0, fixed=True)
     e = Engine(target, loaded["draft-perturbed"], s, Sampler(1.0, seed=5), CostModel(dict(FLAT)))
     prompt = target.tokenize(PROMPTS[0])
     stats = None
@@ -123,7 +123,7 @@ def test_rollback_leaves_the_cache_as_a_fresh_decode(loaded, tiny):
 def test_near_ties_are_left_to_a_plain_step(loaded, plain):
     """With a huge tie margin every position is a near-tie: no draft is ever accepted, every
     round defers to a plain one-token step, and the output is still the plain output."""
-    s = Settings("model", draft_max=4, p_split=0.0, fixed=True, tie_margin=1e9)
+    s = Settings("model", draft_max=4, p_min=0.0, fixed=True, tie_margin=1e9)
     out, stats = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0])
     assert out == plain[PROMPTS[0]]
     assert stats.n_accepted == 0 and stats.by_source["none"][0] >= 48
@@ -132,7 +132,7 @@ def test_near_ties_are_left_to_a_plain_step(loaded, plain):
 def test_one_round_follows_the_paper(loaded):
     """A copy draft: all K accepted plus the bonus token; the cache holds the accepted ones."""
     target, draft = loaded["target"], loaded["draft-copy"]
-    e = Engine(target, draft, Settings("model", draft_max=4, p_split=0.0, fixed=True), Sampler(0.0))
+    e = Engine(target, draft, Settings("model", draft_max=4, p_min=0.0, fixed=True), Sampler(0.0))
     prompt = target.tokenize(PROMPTS[1])
     e.prefill(prompt)
     r = speculative_round(target, e.sources["model"], prompt, Plan("model", 4), Sampler(0.0), e.rng)
@@ -150,7 +150,7 @@ def test_context_full_is_a_finish_reason(tiny):
             e = Engine(
                 t,
                 draft,
-                Settings(mode, draft_max=8, p_split=0.0),
+                Settings(mode, draft_max=8, p_min=0.0),
                 Sampler(0.0),
                 learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 1e-4}}),
             )
@@ -188,7 +188,7 @@ def test_stop_event_interrupts_within_a_round(loaded):
 
 
 def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
-    s = Settings("model", draft_max=8, p_split=0.0)
+    s = Settings("model", draft_max=8, p_min=0.0)
     _, cheap = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=FLAT)
     dear = {b: 0.03 * b for b in FLAT}  # verifying b tokens costs b single steps
     _, costly = generate(loaded["target"], loaded["draft-copy"], s, PROMPTS[0], n=64, cost=dear)

@@ -229,8 +229,8 @@ def test_draft_that_cannot_be_read_exit_3(tiny, tmp_path, capsys):
     [
         (["--draft-max", "0"], "--draft-max"),
         (["--draft-max", "-3"], "--draft-max"),
-        (["--draft-p-split", "1.5"], "--draft-p-split"),
-        (["--draft-p-split", "-0.1"], "--draft-p-split"),
+        (["--draft-p-min", "1.5"], "--draft-p-min"),
+        (["--draft-p-min", "-0.1"], "--draft-p-min"),
         (["--temp", "-1"], "--temp"),
         (["-n", "0"], "-n"),
         (["-n", "-5"], "-n"),

@@ -95,7 +95,7 @@ def test_fewer_snapshots_cap_the_draft(hybrid):
     with Model(hybrid["qwen35"], LoadOptions(n_ctx=256, n_threads=2, rollback_depth=3)) as t:
         assert t.draft_limit == 3
         e = Engine(t, None, Settings("ngram", draft_max=8), Sampler(0.0), CostModel(dict(FLAT)))
-        assert e.settings.k_max == 3
+        assert e.settings.draft_max == 3
 
 
 @pytest.mark.parametrize("name", ["qwen35", "lfm2", "granitehybrid"])
@@ -163,7 +163,7 @@ def test_greedy_speculation_equals_plain(models, target, draft, modes):
     for p in PROMPTS:
         want = plain(t, p)
         for mode in modes:
-            out, stats, rounds = run(t, d, Settings(mode, draft_max=6, p_split=0.0, fixed=True), p)
+            out, stats, rounds = run(t, d, Settings(mode, draft_max=6, p_min=0.0, fixed=True), p)
             assert out == want, (target, draft, mode, p, stats.to_json())
             # speculation went on to the end: every round drafted, but the plain steps that settle
             # a near-tie and the last (no room left)
@@ -187,7 +187,7 @@ def test_greedy_speculation_equals_plain(models, target, draft, modes):
 @pytest.mark.parametrize("name", ["qwen35", "lfm2", "granitehybrid"])
 def test_a_draft_of_the_targets_own_weights_is_accepted_in_full(models, name):
     t, d = models(name), models(f"{name}-draft-copy")
-    s = Settings("model", draft_max=4, p_split=0.0, fixed=True, tie_margin=0.0)
+    s = Settings("model", draft_max=4, p_min=0.0, fixed=True, tie_margin=0.0)
     out, stats, _ = run(t, d, s, PROMPTS[0], n=40)
     assert stats.n_drafted > 20 and stats.acceptance_rate == 1.0, stats.to_json()
     assert out == plain(t, PROMPTS[0], 40)
@@ -237,7 +237,7 @@ def test_sampling_matches_the_target_distribution(models, target, draft):
     e = Engine(
         t,
         d,
-        Settings("model", draft_max=1, p_split=0.0, fixed=True),
+        Settings("model", draft_max=1, p_min=0.0, fixed=True),
         sampler,
         learned=Learned(CostModel(dict(FLAT)), {"model": {"per_token": 0.0001}}),
     )

@@ -211,7 +211,7 @@ def test_greedy_mtp_equals_plain(target, fresh, plain, prompt):
         seen["reject"] += r.accepted < r.drafted
         check_in_step(target, fresh, e.tokens)
 
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
     out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
     assert out == plain[prompt]
     assert stats.by_source["mtp"][1] > 0 and seen["accept"] and seen["reject"]
@@ -222,7 +222,7 @@ def test_a_prompt_of_several_batches(target, fresh):
     heads catch up chunk by chunk (never more than a batch queued); exact and in step."""
     prompt = target.tokenize(" ".join(PROMPTS) * 4)
     assert len(prompt) > 3 * target.n_batch
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
     out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
     assert out == run(target, Settings("none"), prompt, n=24)[0]
 
@@ -236,7 +236,7 @@ def test_near_ties_keep_the_heads_in_step(target, fresh, plain):
         ties.append(step.round.ties)
         check_in_step(target, fresh, e.tokens)
 
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True, tie_margin=3.0)
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True, tie_margin=3.0)
     out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
     assert out == plain[PROMPTS[0]] and sum(ties) >= 5
 
@@ -291,7 +291,7 @@ def test_chat_turns_keep_the_heads_in_step(target, fresh):
             prompt = e.tokens + user
         return out
 
-    assert turns(Settings("mtp", draft_max=K, p_split=0.0, fixed=True), True) == turns(Settings("none"), False)
+    assert turns(Settings("mtp", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
 
 
 def test_sampling_keeps_the_targets_distribution(target):
@@ -309,7 +309,7 @@ def test_sampling_keeps_the_targets_distribution(target):
     n = 600
     counts = np.zeros(len(p))
     accepted = 0
-    s = Settings("mtp", draft_max=3, p_split=0.0, fixed=True)
+    s = Settings("mtp", draft_max=3, p_min=0.0, fixed=True)
     for seed in range(n):
         out, stats = run(target, s, prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed))
         counts[top.index(out[0]) if out[0] in top else -1] += 1
@@ -321,7 +321,7 @@ def test_sampling_keeps_the_targets_distribution(target):
 
 
 def test_tokens_by_source_reach_stats_and_metrics(target):
-    s = Settings("mtp", draft_max=K, p_split=0.0, fixed=True)
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
     _, stats = run(target, s, target.tokenize(PROMPTS[1]), n=32)
     rounds, drafted, accepted = stats.by_source["mtp"]
     assert rounds and drafted >= accepted >= 0
@@ -345,8 +345,8 @@ def test_hybrid_takes_the_heads_and_a_named_draft_model_beside_them(mtp, tiny):
     reg = Registry.load()
     hybrid = Settings("hybrid")
     t, d, s = resolve_pair(reg, str(mtp["mtp"]), None, hybrid)
-    assert d is None and s.draft == "hybrid" and uses_heads(t.path, s, None)
+    assert d is None and s.mode == "hybrid" and uses_heads(t.path, s, None)
     t, d, s = resolve_pair(reg, str(mtp["mtp"]), str(tiny["target"]), hybrid)
-    assert d is not None and d.path == tiny["target"] and s.draft == "hybrid" and uses_heads(t.path, s, d.path)
+    assert d is not None and d.path == tiny["target"] and s.mode == "hybrid" and uses_heads(t.path, s, d.path)
     t, d, s = resolve_pair(reg, str(mtp["mtp-stripped"]), None, hybrid)
-    assert d is None and s.draft == "ngram" and not uses_heads(t.path, s, None)
+    assert d is None and s.mode == "ngram" and not uses_heads(t.path, s, None)

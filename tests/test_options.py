@@ -23,7 +23,7 @@ BAD = [
     (["--fixed", "--draft-max", "0"], "--draft-max"),
     (["--gpu-layers-draft", "-3"], "--gpu-layers-draft"),
     (["--draft-min", "40"], "--draft-min"),
-    (["--draft-p-split", "1.5"], "--draft-p-split"),
+    (["--draft-p-min", "1.5"], "--draft-p-min"),
     (["--tie-margin", "-1"], "--tie-margin"),
 ]
 

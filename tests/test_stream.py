@@ -75,7 +75,7 @@ def test_speculation_equals_the_independent_greedy_loop(models, draft):
     for prompt in PROMPTS:
         toks = t.tokenize(prompt, add_special=True)
         want = greedy_loop(t, toks, 64)
-        got = [x for ev in run(models, Settings("model", draft_max=4, p_split=0.0, fixed=True), toks, 64, draft) for x in ev.tokens]
+        got = [x for ev in run(models, Settings("model", draft_max=4, p_min=0.0, fixed=True), toks, 64, draft) for x in ev.tokens]
         assert got == want, prompt
 
 
@@ -120,7 +120,7 @@ def test_a_stop_string_in_speculative_rounds_cuts_the_same_text(models):
     toks = t.tokenize(PROMPTS[1], add_special=True)
     plain = "".join(ev.text for ev in run(models, Settings("none"), toks, 60))
     stop = plain[20:24]
-    spec = run(models, Settings("model", draft_max=6, p_split=0.0, fixed=True), toks, 60, "draft-copy", stop=[stop, "never appears"])
+    spec = run(models, Settings("model", draft_max=6, p_min=0.0, fixed=True), toks, 60, "draft-copy", stop=[stop, "never appears"])
     assert "".join(ev.text for ev in spec) == plain[: plain.index(stop)]
     assert spec[-1].finish_reason == "stop_string"
 
@@ -152,7 +152,7 @@ def test_from_draft_flags_match_the_stats(models):
     t = models["target"]
     for prompt in PROMPTS:
         toks = t.tokenize(prompt, add_special=True)
-        events = run(models, Settings("model", draft_max=4, p_split=0.0, fixed=True), toks, 64, "draft-perturbed")
+        events = run(models, Settings("model", draft_max=4, p_min=0.0, fixed=True), toks, 64, "draft-perturbed")
         flags = [f for ev in events for f in ev.from_draft]
         assert len(flags) == sum(len(ev.tokens) for ev in events)
         assert sum(flags) == events[-1].stats.n_accepted

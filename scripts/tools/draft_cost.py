@@ -2,7 +2,7 @@
 
     python scripts/tools/draft_cost.py TARGET.gguf DRAFT.gguf [-n 96] [-t 2] [-k 8]
 
-Runs `--draft model --fixed --draft-max K --draft-p-split 0` (every round drafts K tokens) on
+Runs `--draft model --fixed --draft-max K --draft-p-min 0` (every round drafts K tokens) on
 one prompt and splits the draft time per drafted token into the draft's own llama_decode calls
 and the rest (logits reads, the confidence's softmax, Python); beside it, one single-token
 decode of the draft alone, measured past its cache, and the target's one-token step.
@@ -35,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
     opts = LoadOptions(n_ctx=2048, n_threads=args.threads)
     with Model(args.target, opts) as t, Model(args.draft, opts) as d:
-        s = Settings("model", draft_max=args.k, p_split=0.0, fixed=True)
+        s = Settings("model", draft_max=args.k, p_min=0.0, fixed=True)
         e = Engine(t, d, s, Sampler(0.0), CostModel())
         toks = t.tokenize(PROMPT, add_special=False)
         e.prefill(toks)

@@ -62,7 +62,7 @@ def main() -> None:
         }
         for p in PROMPTS:
             target.reset()
-            s = Settings(mode, draft_max=a.k, p_split=0.0, fixed=True, tie_margin=0.0)
+            s = Settings(mode, draft_max=a.k, p_min=0.0, fixed=True, tie_margin=0.0)
             e = Engine(target, None, s, Sampler(0.0), CostModel(), heads=heads)
             prompt = target.tokenize(p)
             e.prefill(prompt)  # not part of the rounds' time

@@ -4,7 +4,7 @@
 
 For `--draft model --fixed --draft-max 4` and `--draft hybrid` (greedy): run once plainly
 and time everything outside llama_decode (the backend times each llama_decode call); run
-again under cProfile to measure the NumPy share (argmax, softmax for p-split). specrun's
+again under cProfile to measure the NumPy share (argmax, softmax for p-min). specrun's
 own Python per token = (wall - llama_decode) / tokens - NumPy per token. Without arguments
 the demo pair is used.
 """

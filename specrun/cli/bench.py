@@ -25,7 +25,7 @@ from .options import LOADING, Options, shared
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
-    @shared(LOADING, exclude=("draft",))
+    @shared(LOADING, exclude=("mode",))
     def bench(
         opts: Options,
         prompts: Annotated[
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 "--draft",
-                help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-split 0; e.g. model:4).",
+                help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-min 0; e.g. model:4).",
             ),
         ] = "model,ngram,hybrid",
         classes: Annotated[
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--json and --markdown exclude each other", "pick one")
         wanted = list(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
         if not wanted:
-            raise UsageError("{draft} takes a list of modes, got nothing", "e.g. model,ngram", "draft")
+            raise UsageError("{mode} takes a list of modes, got nothing", "e.g. model,ngram", "mode")
         draft_of = {m: parse_mode(m)[0] for m in wanted}  # also checks every spec
         plist = load_prompts(prompts)
         if classes:

@@ -147,7 +147,7 @@ RUNTIME = (
 DRAFTING = (
     _flag(
         Settings,
-        "draft",
+        "mode",
         ("--draft",),
         "Drafter: model, ngram, mtp (the target's own MTP heads), hybrid (n-gram when it has a guess, else the draft "
         "model, or the target's MTP heads when it has them and no -d is given) or none (plain decoding).",
@@ -163,8 +163,8 @@ DRAFTING = (
     _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),
     _flag(
         Settings,
-        "p_split",
-        ("--draft-p-split",),
+        "p_min",
+        ("--draft-p-min", "--draft-p-split"),
         "With --fixed, the draft model stops when its top-token probability falls below this (adaptive mode stops by its own rule, from acceptance by confidence).",
         float,
     ),
@@ -172,7 +172,7 @@ DRAFTING = (
         Settings,
         "fixed",
         ("--fixed",),
-        "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-split; use 0 to always draft all).",
+        "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-min; use 0 to always draft all).",
         bool,
     ),
     _flag(Settings, "ngram_min", ("--ngram-min",), "Shortest suffix the n-gram drafter matches.", int),

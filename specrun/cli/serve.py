@@ -157,7 +157,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         host.start()
         url_host = f"[{where}]" if ":" in where else where
         drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
-        view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.draft}), context {pair.target.n_ctx}", style="dim")
+        view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.mode}), context {pair.target.n_ctx}", style="dim")
         view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
         view.print(f"specrun: chat page at http://{url_host}:{port}/", style="dim")
         warning = exposure_warning(where, key)

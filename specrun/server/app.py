@@ -55,8 +55,8 @@ _Req = TypeVar("_Req", ChatRequest, CompletionRequest)
 __all__ = ["Served", "create_app", "finish_reason", "timings", "usage"]
 
 # core settings as a request names them (the rest are the server's own flags)
-SAME_NAME = ("draft", "temperature", "top_k", "top_p", "min_p", "seed", "prompt", "max_tokens")
-PARAMS = {setting: f"speculative.{name}" for setting, name in SPECULATIVE.items()} | {s: s for s in SAME_NAME}
+SAME_NAME = ("temperature", "top_k", "top_p", "min_p", "seed", "prompt", "max_tokens")
+PARAMS = {setting: f"speculative.{name}" for setting, name in SPECULATIVE.items()} | {s: s for s in SAME_NAME} | {"mode": "draft"}
 # specrun's finish reasons as OpenAI's (a full context is "length", as in llama-server);
 # "interrupted" (the server is stopping) has no OpenAI word and keeps its own
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length", "interrupted": "interrupted"}
@@ -68,7 +68,7 @@ class Served:
 
     name: str  # the target's registry name (or file name)
     aliases: tuple[str, ...] = ()
-    draft_model: str | None = None  # the draft model's name (the drafting mode is settings.draft)
+    draft_model: str | None = None  # the draft model's name (the drafting mode is settings.mode)
     n_ctx: int = 0
     settings: Settings = field(default_factory=Settings)
     sampler: Sampler = field(default_factory=Sampler)
@@ -263,7 +263,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         spec = req.speculative
         changes: dict[str, Any] = {}
         if req.draft is not None:
-            changes["draft"] = req.draft
+            changes["mode"] = req.draft
         if spec is not None:
             for setting, name in SPECULATIVE.items():
                 if getattr(spec, name) is not None:
@@ -348,7 +348,7 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     def model_card() -> dict:
         return {
             "id": served.name, "object": "model", "created": served.created, "owned_by": "specrun",
-            "aliases": list(served.aliases), "draft": served.draft_model, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.draft},
+            "aliases": list(served.aliases), "draft": served.draft_model, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.mode},
         }  # fmt: skip
 
     @app.get("/v1/models")

@@ -42,7 +42,7 @@ class _Body(BaseModel):
 
 # The core's drafting settings under llama-server's names for them in a request's
 # ``speculative`` object (``fixed`` is specrun's own): the one table between the two.
-SPECULATIVE = {"draft_max": "n_max", "draft_min": "n_min", "p_split": "p_min", "fixed": "fixed"}
+SPECULATIVE = {"draft_max": "n_max", "draft_min": "n_min", "p_min": "p_min", "fixed": "fixed"}
 
 
 class Speculative(_Body):
@@ -50,7 +50,7 @@ class Speculative(_Body):
 
     n_max: Optional[int] = Field(None, ge=1, le=256, description="most draft tokens per round (draft_max)")
     n_min: Optional[int] = Field(None, ge=0, le=256, description="shorter drafts are dropped (draft_min)")
-    p_min: Optional[float] = Field(None, ge=0.0, le=1.0, description="the draft model stops below this confidence (p_split)")
+    p_min: Optional[float] = Field(None, ge=0.0, le=1.0, description="the draft model stops below this confidence (fixed mode)")
     fixed: Optional[bool] = Field(None, description="turn the adaptive controller off for this request")
 
 

@@ -34,15 +34,15 @@ class Makings:
     sampler: Sampler
     rng: np.random.Generator
     cost: CostModel
-    k_max: int
+    draft_max: int
     ngram: tuple[int, int]
 
 
 # name -> how to make it (None: not possible with what is at hand)
 MAKERS: dict[str, Callable[[Makings], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram),
-    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.k_max) if m.draft else None,
-    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.k_max) if m.heads else None,
+    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.draft else None,
+    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.heads else None,
 }
 
 

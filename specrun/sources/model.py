@@ -48,15 +48,15 @@ class Autoregressive:
 
     name = ""
 
-    def __init__(self, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, k_max: int):
+    def __init__(self, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
         self.sampler = sampler
         self.rng = rng
         self.n_vocab = n_vocab
         self.verify = cost  # the target's verify curve, for the stop rule
-        self.positions = RateTable(k_max)  # a_j: position j accepted, given the ones before were
+        self.positions = RateTable(draft_max)  # a_j: position j accepted, given the ones before were
         self.by_conf = [Rate() for _ in range(CONF_BINS)]  # acceptance by the draft's confidence
         self.per_token: float | None = None  # seconds per drafted token
-        self.p_split = 0.0  # fixed mode: stop below this confidence (the chooser's rule is off)
+        self.p_min = 0.0  # fixed mode: stop below this confidence (the chooser's rule is off)
 
     # --- what a subclass provides ------------------------------------------------------
 
@@ -114,7 +114,7 @@ class Autoregressive:
                     q = self.sampler.dist(row)
                     x = q.sample(self.rng)
                     conf = q.top[1]
-                if i > 0 and conf < self.p_split:
+                if i > 0 and conf < self.p_min:
                     break
                 reach *= self.conf_rate(conf)
                 gained += reach
@@ -192,8 +192,8 @@ class ModelSource(Autoregressive):
 
     name = "model"
 
-    def __init__(self, model: Model, sampler: Sampler, rng: np.random.Generator, n_vocab_target: int, cost: CostModel, k_max: int):
-        super().__init__(sampler, rng, min(model.n_vocab, n_vocab_target), cost, k_max)
+    def __init__(self, model: Model, sampler: Sampler, rng: np.random.Generator, n_vocab_target: int, cost: CostModel, draft_max: int):
+        super().__init__(sampler, rng, min(model.n_vocab, n_vocab_target), cost, draft_max)
         self.model = model
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 class MtpSource(Autoregressive):
     name = "mtp"
 
-    def __init__(self, heads: MtpHeads, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, k_max: int):
-        super().__init__(sampler, rng, n_vocab, cost, min(k_max, heads.max_draft or k_max))
+    def __init__(self, heads: MtpHeads, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
+        super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
         self.heads = heads
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:

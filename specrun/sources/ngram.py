@@ -156,8 +156,8 @@ class NgramDrafter:
             return None
         return self._copy(tokens, nxt, k, 0)  # past the edit; a fresh edit starts with no evidence
 
-    def propose(self, tokens: list[int], k: int, p_split: float = 0.0) -> Proposal:
-        """The copy on offer after ``tokens`` (``p_split`` does not apply: a copy has no confidence)."""
+    def propose(self, tokens: list[int], k: int, p_min: float = 0.0) -> Proposal:
+        """The copy on offer after ``tokens`` (``p_min`` does not apply: a copy has no confidence)."""
         if k <= 0 or len(tokens) < self.n_min + 1:
             return Proposal()
         self._update(tokens)
