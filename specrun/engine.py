@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -43,7 +43,9 @@ class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
     mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
-    draft_max: int = 0  # the most drafts a round; 0 (or None): DRAFT_MAX_ADAPTIVE, or DRAFT_MAX_FIXED with ``fixed``
+    # the most drafts a round; left out (None), the mode's default, set at construction, so it is
+    # an int from then on
+    draft_max: int = cast(int, None)
     draft_min: int = 1
     p_min: float = 0.6  # fixed mode: the draft model stops below this confidence, as llama.cpp's p-min
     # (adaptive: its stop rule)
@@ -53,7 +55,7 @@ class Settings:
     tie_margin: float = 0.5  # greedy: near-ties closer than this are settled by a plain step
 
     def __post_init__(self):
-        if not self.draft_max:
+        if self.draft_max is None:
             object.__setattr__(self, "draft_max", DRAFT_MAX_FIXED if self.fixed else DRAFT_MAX_ADAPTIVE)
         if self.mode not in DRAFT_MODES:
             raise UsageError(f"{{mode}} must be one of {', '.join(DRAFT_MODES)}, got {self.mode!r}", "pick one", "mode")

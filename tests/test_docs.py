@@ -126,7 +126,7 @@ SCRIPT_FLAGS = {
     "--setups": "tools/compare_serve.py",
 }
 # flags of llama.cpp's own tools, shown beside specrun's for comparison (not checkable here)
-LLAMA_CPP_FLAGS = {"--jinja", "--spec-type", "--spec-draft-n-max"}
+LLAMA_CPP_FLAGS = {"--jinja", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"}
 
 
 def test_every_flag_shown_in_code_is_an_option_of_specrun_or_of_its_script():

@@ -261,11 +261,15 @@ def test_the_stop_rule_looks_past_a_step_in_the_verify_curve(loaded):
     steep = {b: float(b) for b in step}  # every token a whole step, never flattening
 
     def source(curve):
-        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel({b: 0.01 * v for b, v in curve.items()}), 16)
+        src = ModelSource(
+            draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel({b: 0.01 * v for b, v in curve.items()}), 16
+        )
         src.per_token = 1e-5
         for _ in range(40):  # every position it drafts is accepted
             p = src.propose(prompt, 16, 0.0)
-            src.observe(Outcome("model", p, len(p.tokens), p.tokens, False, RoundStats("model", len(p.tokens), len(p.tokens), 0, 0.0, 0.0, 0.0)))
+            src.observe(
+                Outcome("model", p, len(p.tokens), p.tokens, False, RoundStats("model", len(p.tokens), len(p.tokens), 0, 0.0, 0.0, 0.0))
+            )
         return src
 
     worth = 1.2 / 0.01  # the round's planned rate: 1.2x plain
