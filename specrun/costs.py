@@ -86,6 +86,9 @@ class CostModel:
     seen: dict[int, float] = field(default_factory=dict)  # sizes verified in this process: their estimates
     n_seen: dict[int, int] = field(default_factory=dict)  # ... and how many rounds each estimate rests on
     rollback_s: float = 0.0  # rolling back a rejected draft (a recurrent state's restore and replay)
+    # the largest logit difference seen between a batch's first row and a one-token decode at the
+    # same position (llama.cpp's batched and one-token kernels add up in different orders)
+    kernel_gap: float | None = None
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
     # the estimates already worked out for the curve as it stands
@@ -192,12 +195,15 @@ class CostModel:
         self.n_seen = dict.fromkeys(calibrated.verify, 1)
         self._version += 1
         self.provisional, self.measured = calibrated.provisional, dict(calibrated.measured)
+        if calibrated.kernel_gap is not None:
+            self.kernel_gap = calibrated.kernel_gap
 
     def to_json(self) -> dict:
         return {
             "verify": {str(k): v for k, v in self.curve().items()},
             "rollback_s": self.rollback_s,
             "measured": self.measured,
+            **({"kernel_gap": self.kernel_gap} if self.kernel_gap is not None else {}),
         }
 
     @classmethod
@@ -205,9 +211,12 @@ class CostModel:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         if any(b < 1 or not (v > 0 and math.isfinite(v)) for b, v in verify.items()):
             raise ValueError("bad verify curve")
-        rb = d.get("rollback_s")
+        rb, gap = d.get("rollback_s"), d.get("kernel_gap")
         return cls(
-            verify, rollback_s=float(rb) if isinstance(rb, (int, float)) and rb >= 0 else 0.0, measured=dict(d.get("measured") or {})
+            verify,
+            rollback_s=float(rb) if isinstance(rb, (int, float)) and rb >= 0 else 0.0,
+            measured=dict(d.get("measured") or {}),
+            kernel_gap=float(gap) if isinstance(gap, (int, float)) and 0 <= gap < 100 else None,
         )
 
 

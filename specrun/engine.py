@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
 
 DRAFT_MODES = ("model", "ngram", "mtp", "hybrid", "none")
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
+# llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
+# quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
+TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
+TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration sees a few rows only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +56,9 @@ class Settings:
     fixed: bool = False
     ngram_min: int = 2
     ngram_max: int = 6
-    tie_margin: float = 0.5  # greedy: near-ties closer than this are settled by a plain step
+    # greedy: near-ties closer than this are settled by a plain step; None: TIE_SAFETY times the
+    # gap measured between the target's batched and one-token logits, at most TIE_MARGIN
+    tie_margin: float | None = None
 
     def __post_init__(self):
         if self.draft_max is None:
@@ -67,7 +73,7 @@ class Settings:
             )
         if not 0.0 <= self.p_min <= 1.0:
             raise UsageError(f"{{p_min}} must be in [0, 1], got {self.p_min}", "e.g. 0.6", "p_min")
-        if not self.tie_margin >= 0:
+        if self.tie_margin is not None and not self.tie_margin >= 0:
             raise UsageError(f"{{tie_margin}} must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off", "tie_margin")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise UsageError("{ngram_min} and {ngram_max} need 1 <= min <= max", "e.g. 2 and 6", "ngram_min")
@@ -293,27 +299,49 @@ class Engine:
     def calibrate(self) -> CostModel:
         """Measure the target's verify cost by batch size (and the draft's per-token cost)
         at the current position, leaving both caches as they were. A measurement taken while
-        the machine was busy comes back ``provisional`` (see ``costs.calibrate``)."""
+        the machine was busy comes back ``provisional`` (see ``costs.calibrate``). Every batch's
+        first row is the same position as the one-token decode: how far the two differ is the
+        kernels' gap, which sets the near-tie guard."""
         base = self.target.n_past
         pad = self.tokens[-1] if self.tokens else 0
         room = self.target.n_ctx - base
+        single: list[np.ndarray] = []
+        gap = 0.0
 
         def measure(b: int) -> float:
+            nonlocal gap
             self.target.checkpoint(full=True)  # hybrid/recurrent targets: the whole decode is undone
             t = now()
-            self.target.eval([pad] * b, logits="all")
+            logits = self.target.eval([pad] * b, logits="all")
             dt = now() - t
+            assert logits is not None
+            if not single:
+                single.append(np.array(logits[0]))
+            elif b > 1:
+                gap = max(gap, float(np.max(np.abs(logits[0] - single[0]))))
             self.target.rollback(base)
             return dt
 
         measure(1)  # the first decode after a load or a pause is slow: not part of the curve
         watch = CpuWatch()
         sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.draft_max + 1)]
-        self.cost.adopt(calibrate(measure, sizes, others=watch.others))
+        measured = calibrate(measure, sizes, others=watch.others)
+        if any(b > 1 for b in sizes):
+            measured.kernel_gap = gap
+        self.cost.adopt(measured)
         model = self.sources.get("model")
         if isinstance(model, ModelSource) and model.model.n_ctx > model.model.n_past:
             model.per_token = model.measure_token_cost(pad)
         return self.cost
+
+    @property
+    def tie_margin(self) -> float:
+        """The near-tie guard: as set, else TIE_SAFETY times the measured kernel gap (at most
+        TIE_MARGIN, which is also the guard before any measurement)."""
+        if self.settings.tie_margin is not None:
+            return self.settings.tie_margin
+        gap = self.cost.kernel_gap
+        return TIE_MARGIN if gap is None else min(TIE_MARGIN, TIE_SAFETY * gap)
 
     def learned(self) -> Learned:
         """What this engine has learned, to store for the next run."""
@@ -357,7 +385,7 @@ class Engine:
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, self.settings.tie_margin, sources,
+                    self.settings.draft_min, self.tie_margin, sources,
                 )  # fmt: skip
                 settling, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)

@@ -75,6 +75,33 @@ def test_a_run_on_a_disturbed_calibration_still_works(tiny):
     assert events[-1].finish_reason in ("length", "stop") and events[-1].stats.n_generated > 0
 
 
+def test_calibration_measures_the_kernels_gap_and_the_near_tie_guard_follows_it(tiny, tmp_path):
+    """Each calibration batch's first row is the position the one-token decode saw: their largest
+    difference is the gap between llama.cpp's batched and one-token kernels, and the default
+    near-tie guard is TIE_SAFETY times it (at most TIE_MARGIN); a margin that is set wins, and the
+    gap is stored with the curve."""
+    from specrun.engine import TIE_MARGIN, TIE_SAFETY
+
+    with Model(tiny["target"], LoadOptions(n_ctx=512, n_threads=2)) as t:
+        e = Engine(t, None, Settings("ngram", draft_max=8), Sampler(0.0), CostModel())
+        e.prefill(t.tokenize("The quick brown fox jumps over the lazy dog."))
+        assert e.tie_margin == TIE_MARGIN  # nothing measured yet: the guard for quantized CPU kernels
+        base, pad = t.n_past, e.tokens[-1]
+        e.calibrate()
+        gap = e.cost.kernel_gap
+        assert gap is not None and gap >= 0
+        one = np.array(t.eval([pad], logits="all")[0])  # an independent look at one batch size
+        t.rollback(base)
+        two = np.array(t.eval([pad, pad], logits="all")[0])
+        t.rollback(base)
+        assert gap >= float(np.max(np.abs(two - one)))
+        assert e.tie_margin == pytest.approx(min(TIE_MARGIN, TIE_SAFETY * gap))
+        assert Engine(t, None, Settings("ngram", tie_margin=0.25), Sampler(0.0), e.cost).tie_margin == 0.25
+    store = CostStore(tmp_path / "costs.json")
+    store.save("k", Learned(e.cost))
+    assert store.load("k").cost.kernel_gap == pytest.approx(gap)
+
+
 # --- healing -------------------------------------------------------------------------------------
 
 
