@@ -42,4 +42,4 @@ echo "ruff check, ruff format --check, lint-imports, mypy"
 "$bin/lint-imports" "$repo/pyproject.toml" >/dev/null || "$bin/lint-imports" "$repo/pyproject.toml"
 "$bin/mypy"
 
-exec "$bin/python" -m pytest -q -p no:cacheprovider "$@"
+exec "$bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$@"
