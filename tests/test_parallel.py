@@ -1,9 +1,10 @@
 """Several sequences in one context: the Gate's batches through the real llama.cpp on the tiny
-models (each sequence's greedy output equals what it gives alone), and the batch price of a
+models (each sequence's greedy output, its tokens and its text, equals what it gives alone), and the batch price of a
 verify on hand-made numbers (drafting fades as the batch fills)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -14,13 +15,16 @@ from specrun.control import Chooser
 from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
+from specrun.stream import stream_generate
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "def add(a, b):\n    return"]
 
 
-def run_alone(target, draft, settings: Settings, prompt: list[int], n: int) -> list[int]:
+def run_alone(target, draft, settings: Settings, prompt: list[int], n: int) -> tuple[list[int], str]:
+    """The tokens and the text, streamed as the server's slots stream them."""
     eng = Engine(target, draft, settings, Sampler(temperature=0.0), CostModel({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.5, 16: 2.0, 32: 3.0}))
-    return [t for step in eng.generate(prompt, n) for t in step.tokens]
+    events = list(stream_generate(eng, prompt, n))
+    return [t for e in events for t in e.tokens], "".join(e.text for e in events)
 
 
 @pytest.mark.parametrize("draft_mode", ["none", "model", "ngram"])
@@ -40,7 +44,7 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode):
     opts = LoadOptions(n_ctx=256, n_threads=1, n_seq_max=3, n_outputs_max=192)
     with Model(tiny["target"], opts) as tn, Model(tiny["draft-perturbed"], opts) as dn:
         assert tn.n_ctx >= 256
-        got: list[list[int] | None] = [None] * 3
+        got: list[tuple[list[int], str] | None] = [None] * 3
         errors: list[BaseException] = []
 
         def one(i: int) -> None:
@@ -60,7 +64,7 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode):
             th.join(300)
         assert not errors, errors
         assert got == alone
-        assert len(set(map(tuple, alone))) == 3
+        assert len({text for _, text in alone}) == 3
         assert gate.rows > gate.passes  # batches carried more than one sequence's rows
 
 
@@ -80,6 +84,40 @@ def test_a_sequence_rolls_back_alone(tiny):
         assert abs(again - ra).max() < 1e-3  # its own positions again, untouched by b's
         with pytest.raises(ValueError):
             m.sequence(2, gate)
+
+
+def test_the_slots_threads_turn_tokens_into_text_at_once(tiny):
+    """The server's slots stream at the same time, each thread turning its tokens into text
+    through the one Model: every thread gets the text it gets alone. (A buffer the Model kept
+    for llama_token_to_piece, shared by the threads while ctypes let go of the GIL, once gave
+    a stream another token's bytes: the served text differed from plain decoding at a
+    confident position, with the same tokens.)"""
+    from specrun.backend import Gate, LoadOptions, Model
+
+    with Model(tiny["target"], LoadOptions(n_ctx=64, n_threads=1, n_seq_max=4)) as m:
+        gate = Gate()
+        seqs = [m.sequence(i, gate) for i in range(4)]
+        parts = [list(range(i, m.n_vocab, 4)) for i in range(4)]  # each thread its own tokens
+        alone = [[m.piece(t) for t in part] for part in parts]
+        assert all(len(set(p)) > 1 for p in alone)
+        wrong = [0] * 4
+
+        def detokenize(i: int) -> None:
+            for _ in range(20):
+                wrong[i] += sum(seqs[i].piece(t) != want for t, want in zip(parts[i], alone[i]))
+
+        threads = [threading.Thread(target=detokenize, args=(i,)) for i in range(4)]
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # the threads take turns as often as the interpreter allows
+        try:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+        finally:
+            sys.setswitchinterval(interval)
+        assert not any(th.is_alive() for th in threads)
+        assert wrong == [0] * 4
 
 
 @dataclass
