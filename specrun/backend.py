@@ -35,6 +35,7 @@ from .errors import BackendError, SpecrunError, UsageError, WorkerUnreachable
 
 _OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _LOG_LEVEL_ERROR = 4
+PIECE_BYTES = 256  # a token piece longer than this is asked for again at its size
 
 
 class _Log:
@@ -458,7 +459,6 @@ class Model:
         self._eog = {t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)}
         for ep in _workers:  # the connections now exist: have them notice a vanished worker
             rpc.watch(ep)
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     def _placement(self, mp, opts: LoadOptions) -> None:
         """Devices, split mode, main GPU and tensor split into llama_model_params (the arrays
@@ -500,12 +500,15 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
+        # a buffer per call: the threads of `serve --parallel` turn tokens into text through
+        # one Model at once, and ctypes lets go of the GIL inside llama_token_to_piece (one
+        # buffer on the Model gave a stream another token's bytes)
+        buf = ctypes.create_string_buffer(PIECE_BYTES)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, PIECE_BYTES, 0, special)
         if n < 0:
-            big = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, big, -n, 0, special)
-            return big.raw[:n]
-        return self._piece_buf.raw[:n]
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> bytes:
         return b"".join(self.piece(t) for t in tokens)
