@@ -6,6 +6,7 @@
 #   scripts/bench-serve.sh                          # the demo pair (fetch it: scripts/fetch-demo-models.sh)
 #   TARGET=path/to/big.gguf DRAFT=path/to/small.gguf THREADS=8 scripts/bench-serve.sh
 #   scripts/bench-serve.sh --runs 3 -n 256          # extra arguments go to scripts/tools/bench_serve.py
+#   scripts/bench-serve.sh --sections load --clients 1,2,4,8 --parallel 1   # before/after --parallel
 #
 # The server listens on 127.0.0.1 on a free port and is stopped at the end. Uses <repo>/.venv (scripts/install.sh).
 set -euo pipefail
@@ -14,7 +15,7 @@ TARGET="${TARGET:-qwen-1.5b}"
 DRAFT="${DRAFT:-qwen-0.5b}"
 THREADS="${THREADS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 4)}"
 
-case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python="$repo/.venv/bin/python"

@@ -35,6 +35,7 @@ from .errors import BackendError, SpecrunError, UsageError, WorkerUnreachable
 
 _OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _LOG_LEVEL_ERROR = 4
+PIECE_BYTES = 256  # a token piece longer than this is asked for again at its size
 
 
 class _Log:
@@ -340,6 +341,9 @@ class LoadOptions:
     # recurrent-state snapshots to ask for on an architecture that keeps them: the most draft
     # tokens one rollback may undo (the engine's adaptive draft cap, DRAFT_MAX_ADAPTIVE)
     rollback_depth: int = ROLLBACK_DEPTH
+    # sequences that decode together in this context (``Model.sequence``): n_ctx positions each,
+    # in one KV cache of n_seq_max x n_ctx cells that they share
+    n_seq_max: int = 1
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -403,10 +407,21 @@ class Model:
             raise BackendError(f"cannot load {self.path.name}: {why}", "run `specrun inspect` on it")
         lines = log.since_mark()
         cp = ll.llama_context_default_params()
-        cp.n_ctx = opts.n_ctx
+        cp.n_ctx = opts.n_ctx * opts.n_seq_max
         cp.n_batch = opts.n_batch
         cp.n_ubatch = opts.n_batch  # a verify is one ubatch: snapshots cover the last ubatch only
         self.recurrent = bool(ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model))
+        if opts.n_seq_max > 1:
+            if self.recurrent or opts.load_mtp:
+                what = "MTP heads" if opts.load_mtp else "a recurrent state"
+                self.close()
+                raise UsageError(
+                    f"{{parallel}} {opts.n_seq_max} needs an attention-only model, and {self.path.name} has {what}",
+                    "use {parallel} 1",
+                    "parallel",
+                )
+            cp.n_seq_max = opts.n_seq_max
+            cp.kv_unified = True  # one cache, its cells shared: a short sequence leaves room for a long one
         if self.recurrent:  # llama.cpp grants none where the architecture has no snapshots
             cp.n_rs_seq = max(0, min(opts.rollback_depth, opts.n_batch - 2))  # its split needs n_ubatch > n_rs_seq + 1
         cp.n_threads = opts.n_threads
@@ -421,7 +436,7 @@ class Model:
                 f"cannot create a {opts.n_ctx}-token context for {self.path.name}: {why}",
                 "lower {n_ctx} or {gpu_layers}",
             )
-        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx)) // opts.n_seq_max  # per sequence
         # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
         self.n_batch = max(1, min(opts.n_batch, int(ll.llama_n_batch(self._ctx))))
         self._mem = ll.llama_get_memory(self._ctx)
@@ -444,7 +459,6 @@ class Model:
         self._eog = {t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)}
         for ep in _workers:  # the connections now exist: have them notice a vanished worker
             rpc.watch(ep)
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     def _placement(self, mp, opts: LoadOptions) -> None:
         """Devices, split mode, main GPU and tensor split into llama_model_params (the arrays
@@ -486,12 +500,15 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        n = ll.llama_token_to_piece(self.vocab, token, self._piece_buf, 256, 0, special)
+        # a buffer per call: the threads of `serve --parallel` turn tokens into text through
+        # one Model at once, and ctypes lets go of the GIL inside llama_token_to_piece (one
+        # buffer on the Model gave a stream another token's bytes)
+        buf = ctypes.create_string_buffer(PIECE_BYTES)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, PIECE_BYTES, 0, special)
         if n < 0:
-            big = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, big, -n, 0, special)
-            return big.raw[:n]
-        return self._piece_buf.raw[:n]
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> bytes:
         return b"".join(self.piece(t) for t in tokens)
@@ -574,6 +591,40 @@ class Model:
         self._undoable = min(self.snapshots, n - 1)
         if self.heads is not None:  # the heads see every batch the target decodes, with its hidden states
             self.heads.process(tokens, pos0)
+
+    def sequence(self, seq: int, gate: Gate) -> Sequence:
+        """Sequence ``seq`` of this context (loaded with ``n_seq_max`` > ``seq``), decoding through ``gate``."""
+        return Sequence(self, seq, gate)
+
+    def _decode_many(self, asks: list[_Ask]) -> None:
+        """One llama_decode holding every ask's rows, each on its own sequence (the Gate's pass)."""
+        b = self._batch
+        i = 0
+        for a in asks:
+            for j, t in enumerate(a.tokens):
+                b.token[i] = t
+                b.pos[i] = a.pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = a.seq
+                b.logits[i] = a.logits == "all" or (a.logits == "last" and j == len(a.tokens) - 1)
+                i += 1
+        b.n_tokens = i
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self._ctx, b)
+        dt = time.perf_counter() - t0
+        self.decode_s += dt
+        i = 0
+        for a in asks:
+            a.seconds, a.batch_rows, a.done = dt, b.n_tokens, True
+            if rc != 0:  # the cache may hold part of the batch: put each sequence back where it was
+                ll.llama_memory_seq_rm(self._mem, a.seq, a.pos0, -1)
+                a.error = BackendError(f"llama_decode failed with code {rc} at position {a.pos0}", "lower {n_ctx} or {parallel}")
+            elif a.logits != "none":  # row by row: llama.cpp may keep several sequences' outputs in another order
+                flagged = range(i, i + len(a.tokens)) if a.logits == "all" else [i + len(a.tokens) - 1]
+                a.rows = np.empty((a.n_out, self.n_vocab), np.float32)
+                for r, j in enumerate(flagged):
+                    a.rows[r] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
+            i += len(a.tokens)
 
     # --- rollback -----------------------------------------------------------------------
 
@@ -921,3 +972,164 @@ class MtpHeads:
             self._ctx = None
         if self.target.heads is self:
             self.target.heads = None
+
+
+# --- several sequences in one context ---------------------------------------------------------
+
+
+@dataclass
+class _Ask:
+    """One sequence's decode, waiting for the batch that carries it."""
+
+    model: Model
+    seq: int
+    tokens: list[int]
+    pos0: int
+    logits: str  # "last" | "all" | "none"
+    rows: np.ndarray | None = None  # its logits, copied out of the batch's
+    error: BackendError | None = None
+    batch_rows: int = 0  # how many rows the whole batch had
+    seconds: float = 0.0  # the batch's llama_decode
+    done: bool = False
+
+    @property
+    def n_out(self) -> int:
+        return len(self.tokens) if self.logits == "all" else int(self.logits == "last")
+
+
+class Gate:
+    """Where the threads of several sequences meet to decode together.
+
+    Each member (a sequence being generated, one thread each) asks for its decodes here and
+    blocks. Once every member is waiting, one of them runs a pass: per model with asks, ONE
+    ``llama_decode`` holding every waiting sequence's rows (as many as fit ``n_batch`` and
+    ``n_outputs_max``; the rest go in the next pass), then each gets its rows' logits. There
+    are no timers: a member that leaves (its request finished or was cancelled) no longer
+    counts, and one that waits for the other model (a draft step while others verify) counts
+    as waiting, so some pass can always run. Everything that touches the shared cache (a
+    decode, a rollback) happens under the gate's lock."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.members = 0
+        self.waiting = 0
+        self.pending: dict[int, list[_Ask]] = {}  # id(model) -> asks, oldest first
+        self.passes = 0  # passes run, and the rows they carried: for tests and the bench
+        self.rows = 0
+
+    def join(self) -> None:
+        with self.cond:
+            self.members += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.members -= 1
+            self.cond.notify_all()  # the others may all be waiting now
+
+    def decode(self, ask: _Ask) -> _Ask:
+        with self.cond:
+            self.pending.setdefault(id(ask.model), []).append(ask)
+            self.waiting += 1
+            try:
+                while not ask.done:
+                    if self.waiting >= self.members:
+                        self._pass()
+                        self.cond.notify_all()
+                    else:
+                        self.cond.wait()
+            finally:
+                self.waiting -= 1
+        return ask
+
+    def _pass(self) -> None:
+        for asks in self.pending.values():
+            if not asks:
+                continue
+            model = asks[0].model
+            take, rows, outs = 0, 0, 0
+            for a in asks:
+                if take and (rows + len(a.tokens) > model.n_batch or outs + a.n_out > model.opts.n_outputs_max):
+                    break
+                take, rows, outs = take + 1, rows + len(a.tokens), outs + a.n_out
+            batch = asks[:take]
+            del asks[:take]
+            model._decode_many(batch)
+            self.passes += 1
+            self.rows += rows
+
+
+class Sequence:
+    """One sequence of a Model loaded with ``n_seq_max`` > 1: what the engine and the draft
+    sources use of a Model (eval, rollback, the vocabulary...), its decodes run through the
+    Gate with the other sequences', its rollbacks on its own sequence id. Only attention caches
+    (rollback by trimming) are shared this way."""
+
+    rollback_method = "trim"
+    draft_limit = None
+    heads = None
+
+    def __init__(self, model: Model, seq: int, gate: Gate):
+        if not 0 <= seq < model.opts.n_seq_max:
+            raise ValueError(f"sequence {seq} of a context with {model.opts.n_seq_max}")
+        self.model, self.seq, self.gate = model, seq, gate
+        self.tokens: list[int] = []
+        self.decode_s = 0.0  # seconds in the batches this sequence rode in
+        self.batch_rows = 0  # rows of the last batch it rode in, its own included
+        self.own_rows = 0  # ... and how many of them were its own
+        self.rollback_stats = RollbackStats()
+        with gate.cond:
+            ll.llama_memory_seq_rm(model._mem, seq, -1, -1)
+
+    def __getattr__(self, name: str):  # the vocabulary, n_ctx, n_batch, n_vocab, path, opts...
+        return getattr(self.model, name)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
+        """As Model.eval, for this sequence; the rows are a copy (the batch held others too)."""
+        if not tokens:
+            raise ValueError("eval() needs at least one token")
+        m = self.model
+        if self.n_past + len(tokens) > m.n_ctx:
+            raise BackendError(f"context full: {self.n_past} + {len(tokens)} tokens exceed {{n_ctx}} {m.n_ctx}", "raise {n_ctx}")
+        if logits == "all" and len(tokens) > min(m.n_batch, m.opts.n_outputs_max):
+            raise ValueError("logits='all' is limited to n_outputs_max tokens")
+        rows = None
+        for start in range(0, len(tokens), m.n_batch):
+            chunk = tokens[start : start + m.n_batch]
+            last_chunk = start + m.n_batch >= len(tokens)
+            ask = self.gate.decode(_Ask(m, self.seq, chunk, self.n_past, logits if last_chunk else "none"))
+            self.decode_s += ask.seconds
+            self.batch_rows, self.own_rows = ask.batch_rows, len(chunk)
+            if ask.error is not None:
+                raise ask.error
+            self.tokens.extend(chunk)
+            rows = ask.rows
+        return rows
+
+    def eval_last(self, tokens: list[int]) -> np.ndarray:
+        rows = self.eval(tokens, logits="last")
+        assert rows is not None
+        return rows[0]
+
+    def checkpoint(self, full: bool = False) -> None:
+        """Free: an attention cache rolls back by trimming."""
+
+    def rollback(self, n_past: int) -> None:
+        if n_past >= self.n_past:
+            return
+        t0 = time.perf_counter()
+        with self.gate.cond:
+            ok = ll.llama_memory_seq_rm(self.model._mem, self.seq, n_past, -1)
+        if not ok:
+            raise BackendError(f"llama.cpp refused to roll {self.model.path.name}'s cache back to {n_past}", "use {draft} none")
+        del self.tokens[n_past:]
+        self.rollback_stats.trims += 1
+        self.rollback_stats.seconds += time.perf_counter() - t0
+
+    def reset(self) -> None:
+        with self.gate.cond:
+            ll.llama_memory_seq_rm(self.model._mem, self.seq, -1, -1)
+        self.tokens = []

@@ -29,6 +29,9 @@ class PairConfig:
     split_mode: str = "layer"
     main_gpu: int | None = None
     rpc: tuple[str, ...] = ()
+    # sequences decoding together in one context (serve's slots); None: as many as memory
+    # allows, up to PARALLEL_AUTO_MAX (1 where the pair cannot share a context that way)
+    parallel: int | None = 1
 
     def __post_init__(self):
         _check_range("n_ctx", self.n_ctx, 16, 1 << 24)
@@ -36,6 +39,8 @@ class PairConfig:
         _check_range("gpu_layers", self.gpu_layers, -1)
         if self.gpu_layers_draft is not None:
             _check_range("gpu_layers_draft", self.gpu_layers_draft, -1)
+        if self.parallel is not None:
+            _check_range("parallel", self.parallel, 1, 64)
         check_settings(self)
         if self.rpc:
             parse_endpoints(self.rpc)

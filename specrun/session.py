@@ -27,18 +27,31 @@ from .learned import CostStore
 from .memory import Dev
 from .modelinfo import ModelInfo, model_info
 from .pair import assess
-from .placement import Placement, describe
+from .placement import Placement, describe, fit
 from .registry import Registry, Resolved
 from .sampling import Sampler
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from .backend import Model, MtpHeads
+    from .backend import Gate, Model, MtpHeads
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
     'reinstall with: CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
     "llama-cpp-python (Apple Silicon: -DGGML_METAL=on), or run scripts/install.sh"
 )
+
+
+PARALLEL_AUTO_MAX = 4
+
+
+def can_share_context(t: ModelInfo, d: ModelInfo | None, heads: bool) -> str | None:
+    """Why these models cannot decode several sequences in one context (None: they can)."""
+    if heads:
+        return f"{t.path.name}'s MTP heads follow one sequence"
+    for info in (t, d):
+        if info is not None and info.arch.kind != "attention":
+            return f"{info.path.name} has a recurrent state ({info.arch.kind})"
+    return None
 
 
 def cache_dir() -> Path:
@@ -127,6 +140,8 @@ class OpenPair:
     labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
     placement: Placement | None = None
     workers: tuple[str, ...] = ()  # the RPC workers in use
+    parallel: int = 1  # sequences the contexts were made for (Model.sequence)
+    gate: Gate | None = None  # where those sequences' decodes meet (parallel > 1)
 
     def close(self) -> None:
         if self.draft is not None:
@@ -158,6 +173,20 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     a = assess(cfg, inv, t_info, d_info)
     placement, f = a.placement, a.fit
     notices += [f"warning: {n}" for n in placement.notes]
+    n_seq = cfg.parallel
+    why_not = can_share_context(t_info, d_info, heads)
+    if n_seq is None:  # the most sequences whose KV fits, each n_ctx long (the cache holds them all)
+        n_seq = (
+            1
+            if why_not
+            else next((n for n in range(PARALLEL_AUTO_MAX, 1, -1) if fit(placement, inv, t_info, d_info, cfg.n_ctx * n).fits), 1)
+        )
+        if why_not:
+            notices.append(f"parallel 1: {why_not}")
+    elif n_seq > 1 and why_not:
+        raise UsageError(f"{{parallel}} {n_seq} needs attention-only models, and {why_not}", "use {parallel} 1", "parallel")
+    if n_seq > 1:  # every sequence has its own n_ctx of KV
+        f = fit(placement, inv, t_info, d_info, cfg.n_ctx * n_seq)
     if not f.fits:
         fix = "; ".join(proposal_flags(p.settings) for p in f.proposals)
         notices.append(
@@ -182,17 +211,18 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
                 tensor_split=where.split if len(where.devices) > 1 else None,
                 verbose=cfg.verbose,
                 load_mtp=load_mtp,
+                n_seq_max=n_seq,
             ),
         )
 
-    target = load(target_path, placement.target, 64, load_mtp=heads)
+    target = load(target_path, placement.target, 64 * n_seq, load_mtp=heads)
     draft = None
     mtp = None
     try:
         if heads:
             mtp = MtpHeads(target)
         if draft_path is not None and placement.draft is not None:
-            draft = load(draft_path, placement.draft, 1)
+            draft = load(draft_path, placement.draft, n_seq)
     except BaseException:
         target.close()
         raise
@@ -201,7 +231,8 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
             notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded")
     if mtp is not None:
         notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads})")
-    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp)
+    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, parallel=n_seq)
+    p.gate = backend.Gate() if n_seq > 1 else None
     p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
 

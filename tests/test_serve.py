@@ -390,7 +390,9 @@ def test_a_client_that_leaves_mid_stream_cancels_and_the_next_request_is_served(
 
 
 def test_api_key_queue_limit_and_429(tiny, tmp_path):
-    s = Server(tiny_args(tiny, "--max-queue", "1"), tmp_path, env={"SPECRUN_API_KEY": "sekrit"})
+    s = Server(
+        tiny_args(tiny, "--max-queue", "1", "--parallel", "1"), tmp_path, env={"SPECRUN_API_KEY": "sekrit"}
+    )  # one slot: one runs, one waits
     try:
         assert "API key required" in s.stderr
         auth = {"Authorization": "Bearer sekrit"}
@@ -425,7 +427,7 @@ def test_api_key_queue_limit_and_429(tiny, tmp_path):
 
 
 def test_sigterm_during_a_stream_ends_it_with_a_finish_reason_and_exits_143(tiny, tmp_path):
-    s = Server(tiny_args(tiny, "-c", "4096", "--quiet"), tmp_path)
+    s = Server(tiny_args(tiny, "-c", "4096", "--quiet", "--parallel", "1"), tmp_path)  # one slot: one runs, one waits
     try:
         events = s.stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 4000})
         first = next(events)

@@ -146,10 +146,11 @@ def load(server: Server, args) -> list[dict]:
     rows = []
     counter = iter(range(10**6))
     lock = threading.Lock()
-    for clients in (1, 4, 8):
+    for clients in (int(c) for c in args.clients.split(",")):
         total = max(args.load_requests, clients * 2)
+        tokens = [0]
 
-        def one(_: int) -> float:
+        def one(_: int, tokens: list[int] = tokens) -> float:
             with lock:
                 k = next(counter)
             body = {
@@ -160,6 +161,8 @@ def load(server: Server, args) -> list[dict]:
             t0 = time.perf_counter()
             status, _, r = server.post("/v1/chat/completions", body, timeout=900)
             assert status == 200, r
+            with lock:
+                tokens[0] += r["usage"]["completion_tokens"]
             return time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -167,9 +170,20 @@ def load(server: Server, args) -> list[dict]:
             lat = sorted(pool.map(one, range(total)))
         wall = time.perf_counter() - t0
         q = statistics.quantiles(lat, n=20)
-        rows.append({"clients": clients, "requests": total, "rps": total / wall, "p50_s": statistics.median(lat), "p95_s": q[18]})
+        rows.append(
+            {
+                "clients": clients,
+                "requests": total,
+                "rps": total / wall,
+                "tps": tokens[0] / wall,
+                "p50_s": statistics.median(lat),
+                "p95_s": q[18],
+            }
+        )
         print(
-            f"  {clients} clients: {total / wall:.2f} req/s, p50 {rows[-1]['p50_s']:.2f} s, p95 {rows[-1]['p95_s']:.2f} s", file=sys.stderr
+            f"  {clients} clients: {total / wall:.2f} req/s, {tokens[0] / wall:.1f} tok/s in all, "
+            f"p50 {rows[-1]['p50_s']:.2f} s, p95 {rows[-1]['p95_s']:.2f} s",
+            file=sys.stderr,
         )
     return rows
 
@@ -192,9 +206,9 @@ def markdown(data: dict) -> str:
     for r in data["cache"]:
         out.append(f"| {r['prefix_tokens']} tok | {r['ttft_first_s']:.2f} s | {r['ttft_second_s']:.3f} s | "
                    f"{r['second_cached']} / {r['second_prompt_n']} | {r['ttft_first_s'] / r['ttft_second_s']:.1f}x faster |")  # fmt: skip
-    out += ["", "| clients | requests | requests/s | p50 latency | p95 latency |", "|---|---|---|---|---|"]
+    out += ["", "| clients | requests | requests/s | tok/s, all clients | p50 latency | p95 latency |", "|---|---|---|---|---|---|"]
     for r in data["load"]:
-        out.append(f"| {r['clients']} | {r['requests']} | {r['rps']:.2f} | {r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
+        out.append(f"| {r['clients']} | {r['requests']} | {r['rps']:.2f} | {r['tps']:.1f} | {r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
     return "\n".join(out)
 
 
@@ -210,6 +224,8 @@ def main() -> int:
         "--piped", action="store_true", help="run generate with its text piped to this process (as a terminal reads it) instead of --json"
     )
     ap.add_argument("--load-requests", type=int, default=16)
+    ap.add_argument("--clients", default="1,4,8", help="the load section's concurrent clients, comma-separated")
+    ap.add_argument("--parallel", type=int, default=None, help="the server's --parallel (default: its own)")
     ap.add_argument("--sections", default="speed,cache,load", help="which parts to run (each computes its ratios within itself)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -218,6 +234,8 @@ def main() -> int:
         srv_args = ["-m", args.model, "-t", str(args.threads), "-c", str(args.ctx), "--quiet"]
         if args.draft_model:
             srv_args += ["-d", args.draft_model]
+        if args.parallel is not None:
+            srv_args += ["--parallel", str(args.parallel)]
         # the user's own registry and cost cache: the server and generate share one calibration
         server = Server(srv_args, Path(home), isolate=False)
         try:
@@ -230,7 +248,7 @@ def main() -> int:
                 print("prompt cache: second-turn TTFT", file=sys.stderr)
                 data["cache"] = cache(server, args)
             if "load" in wanted:
-                print("load: 1, 4, 8 concurrent clients", file=sys.stderr)
+                print(f"load: {args.clients} concurrent clients", file=sys.stderr)
                 data["load"] = load(server, args)
         finally:
             server.stop()

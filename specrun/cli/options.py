@@ -206,6 +206,7 @@ _OTHER_NAMES = {
     "prompts": "--prompts",
     "host": "--host",
     "port": "--port",
+    "parallel": "--parallel",
 }
 _NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
 

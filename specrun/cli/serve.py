@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import signal
 import socket
@@ -29,7 +30,7 @@ class TerminalView:
     def __init__(self, err: Console, quiet: bool):
         self.err, self.quiet = err, quiet
         self.live: Live | None = None
-        self.job = None
+        self.jobs: list = []  # the running requests, in the order they started
         self.waiting = lambda: 0
         self.lock = threading.Lock()
 
@@ -44,24 +45,29 @@ class TerminalView:
             self.live.stop()
 
     def _render(self) -> Text:
-        job = self.job
-        if job is None:
+        jobs = list(self.jobs)
+        if not jobs:
             waiting = self.waiting()
             return Text(f"idle{f', {waiting} waiting' if waiting else ''}", style="dim")
-        return request_line(job.label, job.state, job.stats, self.waiting())
+        return Text("\n").join(
+            request_line(j.label, j.state, j.stats, self.waiting() if i == len(jobs) - 1 else 0) for i, j in enumerate(jobs)
+        )
 
     def print(self, text: Text | str, style: str | None = None) -> None:
         with self.lock:
             self.err.print(text, style=style, soft_wrap=True, highlight=False)
 
     def started(self, job) -> None:
-        self.job = job
+        with self.lock:
+            self.jobs.append(job)
 
     def progress(self, job) -> None:
         pass  # the live line reads the job's stats when it refreshes
 
     def finished(self, job) -> None:
-        self.job = None
+        with self.lock:
+            if job in self.jobs:
+                self.jobs.remove(job)
         if not self.quiet and job.stats is not None:
             self.print(request_line(job.label, job.state, job.stats))
         elif not self.quiet:
@@ -99,8 +105,21 @@ def register(app: typer.Typer) -> None:
                 help="Require Authorization: Bearer KEY on /v1 routes (prefer the SPECRUN_API_KEY variable: flags show in ps).",
             ),
         ] = None,  # fmt: skip
+        parallel: Annotated[
+            Optional[int],
+            typer.Option(
+                "--parallel",
+                "-np",
+                min=0,
+                max=64,
+                help="Requests that decode together, in one batch per step; 0: as many as the KV cache fits in memory, up to 4 (1 with MTP heads or recurrent models). Greedy output of concurrent requests can then differ from a request's alone where batched kernels move a logit (see docs/serve.md).",
+            ),
+        ] = 1,
         max_queue: Annotated[
-            int, typer.Option("--max-queue", min=0, help="Requests that may wait while one runs; past that, 429 with Retry-After.")
+            int,
+            typer.Option(
+                "--max-queue", min=0, help="Requests that may wait while the --parallel ones run; past that, 429 with Retry-After."
+            ),
         ] = 16,
         max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 past it).")] = MAX_BODY,
         quiet: Annotated[
@@ -109,8 +128,10 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions with tool
         calls, /v1/completions, /v1/models, /health, /metrics) and a chat page at /, with
-        speculative decoding. The KV cache is kept across requests; requests run one at a
-        time, in arrival order.
+        speculative decoding. Up to --parallel requests decode together (each
+        in a sequence of its own, one batch per step), the others wait in arrival order; each
+        sequence's KV cache is kept across requests, and a request goes to the one that shares
+        the longest prefix with it.
 
         Exit codes: 143 after SIGTERM, 130 after SIGINT (in-flight streams end first, with
         finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
@@ -121,6 +142,7 @@ def register(app: typer.Typer) -> None:
         err = stderr()
         sock = listen(host, port)  # before loading: a taken port fails in milliseconds
         try:
+            opts = dataclasses.replace(opts, pair=dataclasses.replace(opts.pair, parallel=parallel or None))
             pair = load_pair(opts, err)
             released = True
             try:
@@ -150,14 +172,15 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         n_ctx=pair.target.n_ctx, settings=settings, sampler=opts.sampler, api_key=key, max_body=max_body, flag_name=flag_name,
     )  # fmt: skip
     with TerminalView(err, quiet) as view:
-        host = Host(pair, engine, max_queue=max_queue, observer=view)
-        metrics = Metrics(host.queue_length, host.busy)
+        host = Host(pair, engine, max_queue=max_queue, observer=view, parallel=pair.parallel, gate=pair.gate)
+        metrics = Metrics(host.queue_length, lambda: len(host.running))
         host.on_finish = metrics.observe
         view.waiting = host.queue_length
         host.start()
         url_host = f"[{where}]" if ":" in where else where
         drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
-        view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.mode}), context {pair.target.n_ctx}", style="dim")
+        per = f", {pair.parallel} in parallel" if pair.parallel > 1 else ""
+        view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.mode}), context {pair.target.n_ctx}{per}", style="dim")
         view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
         view.print(f"specrun: chat page at http://{url_host}:{port}/", style="dim")
         warning = exposure_warning(where, key)
@@ -165,6 +188,6 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
             view.print(f"specrun: {warning}", style="bold yellow")
         signum = serve(create_app(host, served, metrics), sock, host.stop)
         released = host.join(timeout=60)
-    store.save(pair.cost_key, engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
+    store.save(pair.cost_key, host.engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
     err.print("specrun: stopped" + (f" by {signal.Signals(signum).name}" if signum else ""), style="dim")
     return signum, released

@@ -339,7 +339,14 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
     async def health():
         if host.stopping:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        return {"status": "ok", "model": served.name, "busy": host.busy(), "queued": host.queue_length()}
+        return {
+            "status": "ok",
+            "model": served.name,
+            "busy": host.busy(),
+            "running": len(host.running),
+            "parallel": len(host.slots),
+            "queued": host.queue_length(),
+        }
 
     @app.get("/metrics")
     async def prometheus():

@@ -1,5 +1,11 @@
-"""The engine host: one thread owns the loaded pair and serves requests one at a time, in
-arrival order, from a bounded queue.
+"""The engine host: ``parallel`` slots serve requests from a bounded queue, in arrival order.
+
+With one slot (``parallel`` 1), one thread owns the loaded pair and serves one request at a
+time. With N, the pair was loaded with N sequences in one context (``LoadOptions.n_seq_max``):
+slot i is sequence i of the target (and of the draft), each with a thread and engines of its
+own, and their decodes meet in one :class:`specrun.backend.Gate`, which runs each step's rows
+of every active sequence as one batch. A new request goes to the free slot whose last request
+shares the longest prefix with it, so its cached tokens are reused.
 
 A request is a :class:`Job`. The HTTP side submits it (refused at once when the queue is full
 or the server is stopping) and reads what the engine thread posts back, in order:
@@ -17,7 +23,8 @@ decode, a thread that wakes up mid-decode stalls the whole decode by a scheduler
 handing over between rounds costs a fraction of a millisecond instead.
 
 Setting ``Job.cancel`` (the client went away, the server is stopping) ends the generation
-within one round; a job cancelled while it waits is dropped when its turn comes.
+within one round, and frees its slot; a job cancelled while it waits is dropped when its turn
+comes.
 
 The KV cache is kept across requests. The engine's prefill already reuses the longest common
 prefix of token ids; on top of that the host remembers the last request's text and tokens
@@ -37,8 +44,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from os.path import commonprefix
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..batched import BatchCost
+from ..costs import CostModel
+from ..drafters import common_prefix
 from ..engine import Engine, Settings
 from ..errors import SpecrunError
 from ..sampling import Sampler
@@ -46,6 +57,9 @@ from ..session import OpenPair
 from ..stats import RunStats
 from ..stream import Event, stream_generate
 from .schemas import ApiError
+
+if TYPE_CHECKING:
+    from ..backend import Gate, Model, Sequence
 
 __all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
 
@@ -140,6 +154,20 @@ def _too_long(size: str, n_ctx: int, where: str) -> ApiError:
     )
 
 
+@dataclass
+class _Slot:
+    """One sequence of the context, with what it serves: its models' views, its engines (one
+    per settings, as Host.engines was), the last request's text and tokens per kind."""
+
+    index: int
+    target: Model | Sequence
+    draft: Model | Sequence | None
+    engines: OrderedDict[tuple[Settings, Sampler], Engine] = field(default_factory=OrderedDict)
+    past: dict[str, _Past] = field(default_factory=dict)
+    job: Job | None = None
+    used: int = 0  # when it last took a job (a count): the least recently used is given away first
+
+
 def _engine_key(settings: Settings, sampler: Sampler) -> tuple[Settings, Sampler]:
     return settings, dataclasses.replace(sampler, seed=None)
 
@@ -153,58 +181,109 @@ class Host:
         max_queue: int = 16,
         observer: Observer | None = None,
         on_finish: Callable[[RunStats], None] | None = None,
+        parallel: int = 1,
+        gate: Gate | None = None,
     ):
+        """``parallel`` > 1 needs the pair loaded with that many sequences and the ``gate``
+        their decodes meet in; ``engine`` (on the pair itself) then lends its learned state to
+        each slot's first engine."""
         self.pair = pair
         self.cost = engine.cost
-        self.engines: OrderedDict[tuple[Settings, Sampler], Engine] = OrderedDict()
         self.base_key = _engine_key(engine.settings, engine.sampler)
-        self.engines[self.base_key] = engine
+        self.gate = gate if parallel > 1 else None
+        self.cost_lock = threading.RLock()  # the slots' threads share the verify curve
+        if parallel > 1:
+            assert gate is not None, "parallel slots need the gate their decodes meet in"
+            self.slots = [
+                _Slot(i, pair.target.sequence(i, gate), pair.draft.sequence(i, gate) if pair.draft is not None else None)
+                for i in range(parallel)
+            ]
+            learned = engine.learned()
+            for slot in self.slots:
+                slot.engines[self.base_key] = Engine(
+                    slot.target,  # type: ignore[arg-type]  # a Sequence is the Model surface the engine uses
+                    slot.draft,  # type: ignore[arg-type]
+                    engine.settings,
+                    engine.sampler,
+                    self._cost(slot),
+                    learned=learned,
+                )
+        else:
+            self.slots = [_Slot(0, pair.target, pair.draft)]
+            self.slots[0].engines[self.base_key] = engine
         self.max_queue = max_queue
         self.observer: Observer = observer or _Quiet()
         self.on_finish = on_finish
-        self.past: dict[str, _Past] = {}
         self.cond = threading.Condition()
         self.waiting: deque[Job] = deque()
-        self.current: Job | None = None
         self.stopping = False
         self.durations: deque[float] = deque(maxlen=16)  # recent requests' seconds, for Retry-After
         self.ids = itertools.count(1)
+        self.ids_used = itertools.count(1)
+        self.count_lock = threading.Lock()  # ... and the counters of finished requests
         self.warned: set[str] = set()
-        self.thread = threading.Thread(target=self._run, name="specrun-engine", daemon=True)
+        self.threads = [
+            threading.Thread(target=self._run, args=(slot,), name=f"specrun-engine{slot.index or ''}", daemon=True) for slot in self.slots
+        ]
+
+    @property
+    def engine(self) -> Engine:
+        """The server's own settings' engine (slot 0's): what it learned is stored at the end."""
+        return self.slots[0].engines[self.base_key]
+
+    @property
+    def running(self) -> list[Job]:
+        return [s.job for s in self.slots if s.job is not None]
 
     # --- the HTTP side --------------------------------------------------------------------
 
     def start(self) -> None:
-        self.thread.start()
+        for t in self.threads:
+            t.start()
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` in arrival order; raise Busy or ShuttingDown instead of queueing."""
         with self.cond:
             if self.stopping:
                 raise ShuttingDown()
-            busy = self.current is not None or bool(self.waiting)
+            busy = all(s.job is not None for s in self.slots) or bool(self.waiting)
             if busy and len(self.waiting) >= self.max_queue:
                 raise Busy(len(self.waiting), self.retry_after())
             self.waiting.append(job)
-            self.cond.notify()
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand waiting jobs to free slots, each to the one whose last request shares the
+        longest prefix with it (under self.cond)."""
+        while self.waiting:
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                return
+            job = self.waiting.popleft()
+            if job.cancel.is_set():  # its client left while it waited
+                job.state = "cancelled"
+                continue
+            slot = max(free, key=lambda s: (_reuse(s, job.request), -s.used))
+            slot.job, slot.used = job, next(self.ids_used)
+            self.cond.notify_all()
 
     def retry_after(self) -> int:
         """Seconds until a place is likely free: the queue ahead times a recent request's time."""
         typical = sorted(self.durations)[len(self.durations) // 2] if self.durations else 5.0
-        return max(1, min(600, round(typical * (len(self.waiting) + 1))))
+        return max(1, min(600, round(typical * (len(self.waiting) // len(self.slots) + 1))))
 
     def queue_length(self) -> int:
         return len(self.waiting)
 
     def busy(self) -> bool:
-        return self.current is not None
+        return any(s.job is not None for s in self.slots)
 
     def stop(self) -> None:
         """Take no new work, end the running generation within a round, refuse the waiting."""
         with self.cond:
             self.stopping = True
-            if self.current is not None:
-                self.current.cancel.set()
+            for job in self.running:
+                job.cancel.set()
             dropped = list(self.waiting)
             self.waiting.clear()
             self.cond.notify_all()
@@ -213,40 +292,40 @@ class Host:
             job.post(("error", ShuttingDown()))
 
     def join(self, timeout: float | None = None) -> bool:
-        if self.thread.is_alive():
-            self.thread.join(timeout)
-        return not self.thread.is_alive()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.threads:
+            if t.is_alive():
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
 
     # --- the engine thread ----------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, slot: _Slot) -> None:
         while True:
             with self.cond:
-                while not self.waiting and not self.stopping:
+                while slot.job is None and not self.stopping:
                     self.cond.wait()
-                if self.stopping and not self.waiting:
+                job = slot.job
+                if job is None:
                     return
-                job = self.waiting.popleft()
-                if job.cancel.is_set():  # its client left while it waited
-                    job.state = "cancelled"
-                    continue
-                self.current = job
             t0 = time.monotonic()
             try:
-                self._serve(job)
+                self._serve(slot, job)
             finally:
                 with self.cond:
-                    self.current = None
+                    slot.job = None
+                    self._dispatch()
                 self.durations.append(time.monotonic() - t0)
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, slot: _Slot, job: Job) -> None:
         req = job.request
         job.state = "running"
         self.observer.started(job)
         stats: RunStats | None = None
+        joined = False
         try:
-            engine = self._engine(req.settings, req.sampler)
-            tokens, text = self._prompt(req)
+            engine = self._engine(slot, req.settings, req.sampler)
+            tokens, text = self._prompt(slot, req)
             n_ctx = self.pair.target.n_ctx
             if len(tokens) >= n_ctx:
                 raise _too_long(f"{len(tokens)} tokens", n_ctx, req.prompt_field)
@@ -263,6 +342,9 @@ class Host:
             out: list[int] = []
             said: list[str] = []
             event: Event | None = None
+            if self.gate is not None:  # from here on, the other slots' decodes wait for this one's
+                self.gate.join()
+                joined = True
             for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel):
                 stats = job.stats = event.stats
                 out.extend(event.tokens)
@@ -278,7 +360,7 @@ class Host:
                 self.observer.progress(job)
             reason = event.finish_reason if event is not None else "interrupted"
             job.state = "cancelled" if reason == "interrupted" else "done"
-            self._remember(req, text, tokens, out, "".join(said), reason)
+            self._remember(slot, req, text, tokens, out, "".join(said), reason)
         except (SpecrunError, ApiError) as e:
             job.state = "error"
             job.post(("error", e))
@@ -287,33 +369,49 @@ class Host:
             job.post(("error", e))
             self.observer.notice(f"internal error in {job.label}: {type(e).__name__}: {e}")
         finally:
+            if joined:
+                self.gate.leave()  # type: ignore[union-attr]
             if stats is not None:  # ended by an error: count what was done
                 self._count(stats)
             self.observer.finished(job)
 
     def _count(self, stats: RunStats) -> None:
         if self.on_finish is not None:
-            self.on_finish(stats)
+            with self.count_lock:
+                self.on_finish(stats)
 
-    def _engine(self, settings: Settings, sampler: Sampler) -> Engine:
-        """The engine for these settings (made on first use, sharing the models and costs)."""
+    def _engine(self, slot: _Slot, settings: Settings, sampler: Sampler) -> Engine:
+        """The slot's engine for these settings (made on first use, sharing the models and costs)."""
         if self.pair.draft is None:
             settings = settings.without_draft_model(self.pair.heads is not None)
         key = _engine_key(settings, sampler)
-        engine = self.engines.get(key)
+        engines = slot.engines
+        engine = engines.get(key)
         if engine is None:
             engine = Engine(
-                self.pair.target, self.pair.draft, settings, dataclasses.replace(sampler, seed=None), self.cost, heads=self.pair.heads
+                slot.target,  # type: ignore[arg-type]
+                slot.draft,  # type: ignore[arg-type]
+                settings,
+                dataclasses.replace(sampler, seed=None),
+                self._cost(slot),
+                heads=self.pair.heads,
             )
             if settings.sources and not settings.fixed and not self.cost.verify:
                 self.observer.notice("measuring this machine's verify costs once (cached for next time)...")
                 engine.calibrate()
-            self.engines[key] = engine
-            while len(self.engines) > MAX_ENGINES:  # the least recently used, never the server's own
-                old = next(k for k in self.engines if k != self.base_key)
-                del self.engines[old]
-        self.engines.move_to_end(key)
+            engines[key] = engine
+            while len(engines) > MAX_ENGINES:  # the least recently used, never the server's own
+                old = next(k for k in engines if k != self.base_key)
+                del engines[old]
+        engines.move_to_end(key)
         return engine
+
+    def _cost(self, slot: _Slot) -> CostModel:
+        """The shared verify curve, as the slot's engines price a verify: alone, the curve
+        itself; in a batch, what its rows add to the batch (see specrun.batched)."""
+        if self.gate is None:
+            return self.cost
+        return BatchCost(self.cost, slot.target, self.cost_lock)  # type: ignore[arg-type,return-value]  # Sequence has the rows; a CostModel's surface
 
     def warn(self, msg: str) -> None:
         """A template's fallback and the like, once each, on the terminal."""
@@ -321,7 +419,7 @@ class Host:
             self.warned.add(msg)
             self.observer.notice(f"warning: {msg}")
 
-    def _prompt(self, req: Request) -> tuple[list[int], str | None]:
+    def _prompt(self, slot: _Slot, req: Request) -> tuple[list[int], str | None]:
         """The request's token ids, and its text (None when it came as token ids)."""
         target = self.pair.target
         if req.prompt_text is None:
@@ -330,7 +428,7 @@ class Host:
                 raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{target.n_vocab - 1})", "prompt")
             return list(req.prompt_ids), None
         text = req.prompt_text
-        past = self.past.get(req.kind)
+        past = slot.past.get(req.kind)
         if past is not None and len(text) > len(past.text) and text.startswith(past.text):
             # the previous request's text, extended: keep its tokens, tokenize only the new text
             self._check_length(text[len(past.text) :], len(past.tokens), req.prompt_field)
@@ -362,15 +460,33 @@ class Host:
             if n > n_ctx + 4 * pieces:
                 raise _too_long(f"over {n - 4 * pieces} tokens", n_ctx, where)
 
-    def _remember(self, req: Request, text: str | None, tokens: list[int], out: list[int], reply: str, reason: str | None) -> None:
+    def _remember(
+        self, slot: _Slot, req: Request, text: str | None, tokens: list[int], out: list[int], reply: str, reason: str | None
+    ) -> None:
+        past = slot.past
         if text is None:
-            self.past.pop(req.kind, None)
+            past.pop(req.kind, None)
             return
         if reason == "stop_string":  # tokens past the stop string are not in the text: keep the prompt only
-            self.past[req.kind] = _Past(text, tuple(tokens))
+            past[req.kind] = _Past(text, tuple(tokens))
             return
         eog = self.pair.target.is_eog
-        self.past[req.kind] = _Past(text + reply, tuple(tokens) + tuple(t for t in out if not eog(t)))
+        past[req.kind] = _Past(text + reply, tuple(tokens) + tuple(t for t in out if not eog(t)))
 
     def next_id(self) -> int:
         return next(self.ids)
+
+
+def _reuse(slot: _Slot, req: Request) -> int:
+    """How much of what the slot holds ``req`` would reuse (characters of text, or token ids of
+    a prompt given as ids), or -1 if it would throw away more than half of it: a request that
+    shares only a chat template's opening with a conversation does not evict it, but goes to
+    an empty slot or, failing that, the least recently used one."""
+    if req.prompt_text is not None:
+        past = slot.past.get(req.kind)
+        held = len(past.text) if past is not None else 0
+        keep = len(commonprefix([past.text, req.prompt_text])) if past is not None else 0
+    else:
+        held = slot.target.n_past
+        keep = common_prefix(slot.target.tokens, list(req.prompt_ids))
+    return keep if 2 * keep >= held else -1

@@ -20,7 +20,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Metrics:
-    def __init__(self, queue_length: Callable[[], int], busy: Callable[[], bool]):
+    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int]):
         disable_created_metrics()  # no `*_created` series: llama-server has none, and dashboards do not read them
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.totals = {"prompt_tokens": 0.0, "prompt_s": 0.0, "predicted": 0.0, "predicted_s": 0.0}  # for the average gauges
@@ -50,7 +50,7 @@ class Metrics:
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
         )  # fmt: skip
         self.rejected = Counter("specrun_requests_rejected", "Requests refused because the queue was full (429).", registry=r)
-        r.register(_Live(queue_length, busy, self))
+        r.register(_Live(queue_length, running, self))
 
     def observe(self, s: RunStats) -> None:
         """One finished request."""
@@ -88,12 +88,12 @@ class Metrics:
 class _Live:
     """Gauges read at scrape time: the queue and llama-server's average throughputs."""
 
-    def __init__(self, queue_length: Callable[[], int], busy: Callable[[], bool], m: Metrics):
-        self.queue_length, self.busy, self.m = queue_length, busy, m
+    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int], m: Metrics):
+        self.queue_length, self.running, self.m = queue_length, running, m
 
     def collect(self):
         t = self.m.totals
-        yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", value=1.0 if self.busy() else 0.0)
+        yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", value=float(self.running()))
         yield GaugeMetricFamily(
             "llamacpp:requests_deferred", "Number of requests deferred (waiting in the queue).", value=self.queue_length()
         )
