@@ -102,20 +102,19 @@ class Chooser:
         self.options = {}
         for name, cap in caps.items():
             src = self.sources[name]
-            draft = np.array([src.cost(k) for k in range(1, cap + 1)])
+            draft = _draft_costs(src, cap)
             k, rate = self.best(np.array(src.acceptance(cap, rng, scale)), draft, c, r)
             if k and rate > plan.rate:
                 plan = Plan(name, k, rate)
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
-            self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], src.cost(km) / mean_c[0])
+            self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
         return plan
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,
         and its cache need not be kept up.)"""
-        draft = np.array([src.cost(k) for k in range(1, cap + 1)])
-        return self.best(np.ones(cap), draft, self.cost.table(cap + 1), 0.0)[0] > 0
+        return self.best(np.ones(cap), _draft_costs(src, cap), self.cost.table(cap + 1), 0.0)[0] > 0
 
     def observe_ties(self, checked: int, ties: int) -> None:
         """A greedy round checked ``checked`` rows for a near-tie and found ``ties`` (the last
@@ -141,3 +140,8 @@ class Chooser:
                     f"(verifying {o.k + 1} costs {o.verify_steps:.1f} plain steps, drafting {o.k} costs {o.draft_steps:.1f})"
                 )
         return "; ".join(why)
+
+
+def _draft_costs(src: Source, cap: int) -> np.ndarray:
+    """D(1..cap): the source's seconds to draft each length this round."""
+    return np.array([src.cost(k) for k in range(1, cap + 1)])

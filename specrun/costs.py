@@ -18,8 +18,9 @@ every round refines it:
 * ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale: a
   size not verified in this process may be off by a common factor (a stored curve from a busier
   day, say; spread ``COST_SIGMA``), and each round verified narrows its own spread as a mean of
-  noisy timings does (``NOISE_SIGMA`` a round). The chooser acts on such draws, so a longer draft that the stored
-  curve may wrongly price out gets tried now and then, and heals the curve once it is.
+  noisy timings does (``NOISE_SIGMA`` a round). The chooser acts on such draws, so a longer
+  draft that the stored curve may wrongly price out gets tried now and then, and heals the curve
+  once it is.
 
 Rolling back a rejected draft is free on an attention cache but not on a recurrent state
 restored from a checkpoint, so its measured time per rejected round (``rollback_s``) is a cost too.
@@ -36,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -78,6 +79,15 @@ def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
     return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
 
 
+def _by_size(values: Mapping[int, float], n: int, missing: float = np.nan) -> np.ndarray:
+    """``values`` by batch size as an array over sizes 1..n (index b - 1), ``missing`` elsewhere."""
+    out = np.full(n, missing)
+    for b, v in values.items():
+        if b <= n:
+            out[b - 1] = v
+    return out
+
+
 @dataclass
 class CostModel:
     """Seconds per target decode by batch size, and per draft-model token."""
@@ -111,9 +121,7 @@ class CostModel:
 
     def _estimates(self, n: int) -> np.ndarray:
         b = np.arange(1, n + 1, dtype=float)
-        seen = np.full(n, np.nan)
-        for s, v in self.seen.items():
-            seen[s - 1] = v
+        seen = _by_size(self.seen, n)
         ref = _interp(self.verify, b)
         if ref is None:  # no reference: what was verified, else a cost that grows with the batch
             est = _interp(self.seen, b)
@@ -134,11 +142,7 @@ class CostModel:
     def optimistic(self, n: int) -> np.ndarray:
         """The least c(1..n) could be: the estimate where verified in this process, else no
         less than the largest smaller batch that was."""
-        est = self.table(n)
-        seen = np.full(n, np.nan)
-        for s, v in self.seen.items():
-            if s <= n:
-                seen[s - 1] = v
+        est, seen = self.table(n), _by_size(self.seen, n)
         idx = np.where(~np.isnan(seen), np.arange(n), -1)
         below = np.maximum.accumulate(idx)  # the largest verified size at or below each
         below = np.append(-1, below[:-1])  # ... strictly below
@@ -148,10 +152,7 @@ class CostModel:
     def spread(self, n: int) -> np.ndarray:
         """The log-spread of c(1..n)'s posterior: ``COST_SIGMA`` before any round of a size,
         then narrowing with each one verified (at most 1 / EWMA count: older rounds are forgotten)."""
-        counts = np.zeros(n)
-        for s, k in self.n_seen.items():
-            if s <= n:
-                counts[s - 1] = min(k, 1.0 / EWMA)
+        counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
         return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
@@ -256,7 +257,8 @@ def calibrate(
     """Build a cost model from ``measure(b) -> seconds`` for each batch size (the median of
     ``repeats``: what a round costs as a rule, as throughput counts it), checking that the
     machine stayed quiet: ``c(1)`` is measured before and after, each size's repeats must agree,
-    and ``others()`` (cores used by other processes meanwhile) must stay low. A disturbed calibration comes back ``provisional`` with the reason."""
+    and ``others()`` (cores used by other processes meanwhile) must stay low. A disturbed
+    calibration comes back ``provisional`` with the reason."""
     ones = [measure(1) for _ in range(repeats)]
     before = statistics.median(ones)
     cost = CostModel()
