@@ -97,7 +97,7 @@ class Autoregressive:
         out = Proposal(sync_s=sync_s, caught_up=caught_up)
         if logits is None:
             return out
-        c = self.verify.verify_cost
+        c = self.verify.table(k + 1)  # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
         d = self.per_token or 0.0
         a = self.positions.means()
         gained = 0.0  # expected tokens the drafts so far bring, by their confidences
@@ -121,7 +121,7 @@ class Autoregressive:
                 out.tokens.append(x)
                 out.dists.append(q)
                 out.confidences.append(conf)
-                value = gained - worth * (c(i + 2) - c(1))
+                value = gained - worth * (c[i + 1] - c[0])
                 if value >= kept_value or i == 0:
                     keep, kept_value = i + 1, value
                 if i + 1 >= k or (worth > 0 and not self._more_pays(reach, gained, i + 1, k, kept_value, worth, a, c, d)):
@@ -142,7 +142,7 @@ class Autoregressive:
         for m in range(n + 1, min(k, len(a)) + 1):
             reach *= a[m - 1]
             gained += reach
-            if gained - worth * (c(m + 1) - c(1) + (m - n) * d) > kept_value:
+            if gained - worth * (c[m] - c[0] + (m - n) * d) > kept_value:
                 return True
         return False
 
