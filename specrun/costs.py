@@ -150,10 +150,23 @@ class CostModel:
         return np.where(np.isnan(seen), np.minimum(est, floor), seen)
 
     def spread(self, n: int) -> np.ndarray:
-        """The log-spread of c(1..n)'s posterior: ``COST_SIGMA`` before any round of a size,
-        then narrowing with each one verified (at most 1 / EWMA count: older rounds are forgotten)."""
+        """The log-spread of c(1..n)'s posterior. A size verified in this process narrows with
+        each of its rounds (at most 1 / EWMA of them count: older rounds are forgotten). A size
+        between two verified ones is interpolated from them, so it is as uncertain as the less
+        certain of the two. Beyond the verified sizes, the stored curve is all there is:
+        ``COST_SIGMA``."""
         counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
-        return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
+        own = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
+        verified = counts > 0
+        if not verified.any():
+            return own
+        sizes = np.flatnonzero(verified)
+        i = np.arange(n)
+        lo = np.searchsorted(sizes, i, side="right") - 1  # the nearest verified size at or below each
+        hi = np.searchsorted(sizes, i, side="left")  # ... and at or above
+        inside = (lo >= 0) & (hi < len(sizes))
+        between = np.maximum(own[sizes[np.maximum(lo, 0)]], own[sizes[np.minimum(hi, len(sizes) - 1)]])
+        return np.where(verified, own, np.where(inside, between, COST_SIGMA))
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``

@@ -148,6 +148,21 @@ def test_a_cost_draw_stays_between_a_smaller_verified_batch_and_b_single_steps()
     assert np.std(sure) < 0.3 * np.std(draws)
 
 
+def test_a_size_between_verified_ones_is_drawn_as_surely_as_they_are():
+    """A new process starts from a stored curve and verifies a few sizes: the sizes between
+    them are interpolated, so their draws narrow too; the sizes beyond stay as uncertain as
+    the stored curve (so a poisoned long end still gets tried)."""
+    cost = CostModel(dict(CPU))
+    for _ in range(4):
+        cost.observe_verify(1, CPU[1])
+        cost.observe_verify(12, CPU[12])
+    rng = np.random.default_rng(0)
+    draws = np.array([cost.drawn(rng, 1.0, 24) for _ in range(400)])
+    log_sd = np.log(draws).std(axis=0)
+    assert log_sd[7] < 0.5 * log_sd[19]  # c(8), between 1 and 12, against c(20), beyond them
+    assert log_sd[7] < 2 * log_sd[11]  # ... and about as sure as c(12) itself
+
+
 def cycling_prompt(t: Model) -> list[int]:
     """Token ids after which the tiny target's greedy output repeats itself forever: its own
     output from a seed prompt, once that has fallen into a cycle (found, not assumed)."""
