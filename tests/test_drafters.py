@@ -81,3 +81,24 @@ def test_a_rolled_back_sequence_forgets_its_edits():
     d.edits = {9: 99}
     d.propose([1, 2, 3, 1, 2], 4)  # not an extension of what it saw: a new sequence
     assert d.edits == {}
+
+
+def test_after_an_insertion_the_copy_resumes_where_it_broke():
+    """A docstring or a logging call inserted into a copied file: the copy breaks, the target
+    writes new tokens, then comes back to the source where it left off. The copy resumes
+    there, though the same two tokens also occur elsewhere (later, so the lookup alone would
+    copy from there), and the replacement guessed at the break is dropped."""
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+    prompt = source + [30, 15, 16, 31, 32] + [0, 10, 11]  # "15 16" once more after the file, followed by other tokens
+    inserted = [40, 41, 42]
+    target = prompt + [12, 13, 14] + inserted + source[5:]
+    d, seq = NgramDrafter(), list(prompt)
+    while len(seq) < len(prompt) + 3 + len(inserted) + 2:  # copy, break at 15, insert, write 15 16 again
+        step(d, seq, 4, target)
+    assert seq[-2:] == [15, 16]
+    p = d.propose(seq, 4)
+    assert p.tokens == [17, 18, 19, 20]
+    assert 15 not in d.edits
+    while len(seq) < len(target):
+        step(d, seq, 8, target)
+    assert seq == target

@@ -90,8 +90,11 @@ class NgramDrafter:
     already is (``match``): the controller trusts long copies more.
 
     Edits are learned: when an established copy breaks because the target wrote Y where the
-    source has X (a rename, say), the copy goes on past it, and from then on every X in a
-    proposal is written as Y. A learned edit that turns out wrong is replaced by what the
+    source has X, the target either replaced X (a rename, say) or inserted something before it
+    (a docstring, a type hint, a logging call). The copy goes on past X as for a replacement,
+    and from then on every X in a proposal is written as Y. If instead the target comes back to
+    the source at X, that was an insertion: the copy resumes at X, wherever else the same words
+    occur, and the edit is dropped. A learned edit that turns out wrong is replaced by what the
     target wrote instead, or dropped.
     """
 
@@ -108,12 +111,13 @@ class NgramDrafter:
         self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after its latest occurrences
         self._follow: tuple[int, int, int] | None = None  # (sequence length, source position, match) of a copy
         self.edits: dict[int, int] = {}  # source token -> what the target writes instead
+        self._broke: list[int] = []  # where established copies broke since the last resumed (the source positions not written), newest last
 
     def _update(self, tokens: list[int]) -> None:
         n_old = len(self._seen)
         if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
             self._seen, self._index, self._follow, n_old = [], {}, None, 0
-            self.edits = {}
+            self.edits, self._broke = {}, []
         # index n-grams that end before the current last token (the suffix itself is the query)
         for end in range(max(n_old, 1), len(tokens)):
             for n in range(self.n_min, self.n_max + 1):
@@ -143,6 +147,8 @@ class NgramDrafter:
         was = [self.edits.get(t, t) for t in tokens[src:nxt]]
         got = tokens[seq_end:]
         if got == was:
+            if self._broke and self._broke[-1] == src - 1:
+                self._broke.pop()  # the copy went on past its break: a replacement, not a break to come back to
             return self._copy(tokens, nxt, k, match + grown)
         if got[:-1] != was[:-1]:  # pragma: no cover - a round only ever differs at its last token
             return None
@@ -151,10 +157,23 @@ class NgramDrafter:
             self.edits.pop(source_token, None)  # a learned edit was wrong here: the source stands
         elif match + grown - 1 >= self.EDIT_MIN_MATCH:  # the copy had matched this much before the break
             self.edits[source_token] = written
+            self._broke = [*self._broke, nxt - 1][-self.OCCURRENCES :]
         else:
             self.edits.pop(source_token, None)
             return None
         return self._copy(tokens, nxt, k, 0)  # past the edit; a fresh edit starts with no evidence
+
+    def _resume(self, tokens: list[int], k: int) -> Proposal | None:
+        """If the sequence ends with the source from where a copy broke (``n_min`` tokens of
+        it at least), the copy from there: the break was an insertion."""
+        end = len(tokens)
+        for p in reversed(self._broke):
+            for n in range(self.n_max, self.n_min - 1, -1):
+                if p + n < end - n and tokens[end - n :] == tokens[p : p + n]:
+                    self.edits.pop(tokens[p], None)  # the break was not a replacement of tokens[p]
+                    self._broke = []
+                    return self._copy(tokens, p + n, k, n)
+        return None
 
     def propose(self, tokens: list[int], k: int, p_min: float = 0.0) -> Proposal:
         """The copy on offer after ``tokens`` (``p_min`` does not apply: a copy has no confidence)."""
@@ -165,9 +184,13 @@ class NgramDrafter:
         out = self._continue(tokens, k)
         if out is not None:
             return out
-        # 2. otherwise look the longest suffix up, and count how far back the match goes
+        # 2. the target came back to the source where a copy broke: it inserted, so resume there
         self._follow = None
         end = len(tokens)
+        out = self._resume(tokens, k)
+        if out is not None:
+            return out
+        # 3. otherwise look the longest suffix up, and count how far back the match goes
         for n in range(self.n_max, self.n_min - 1, -1):
             if end <= n:
                 continue
