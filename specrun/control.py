@@ -16,8 +16,11 @@ Everything it does not know yet (an idle source, a batch size never verified in 
 copy rates learned on other text) is a posterior, and the choice is made on one *draw* from
 them (Thompson sampling): what is uncertain but could pay gets tried, what is known to lose does
 not, and trying and exploiting are the same rule. A lesson is only worth its risk if the run can
-use it, so each draw is pulled towards the posterior mean as the run nears its end (by
-``room / INFO_HORIZON``); the last tokens of a one-shot run act on the means alone.
+use it: the drawn plan is taken over the best plan at the means only if what it promises over
+the tokens the run has left (were the draw true, every one of them would come at its rate)
+outweighs what this round is expected to lose by it (in tokens, at the means). So the last
+tokens of a one-shot run act on the means alone, and a long shot that would cost a tenth of a
+short run is not tried for a few percent.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
@@ -38,10 +41,6 @@ if TYPE_CHECKING:
     from .costs import CostModel
     from .sources import Source
     from .stats import RunStats
-
-INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are left to use what
-# it teaches; fewer, and it is pulled towards the mean (trades: learning late in a run, against
-# paying for lessons the run has no time to use)
 
 
 @dataclass(frozen=True)
@@ -76,12 +75,18 @@ class Chooser:
     def tie_rate(self) -> float:
         return self.ties.mean(0.0)
 
+    def tokens_and_time(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float) -> tuple[np.ndarray, np.ndarray]:
+        """E[tokens | K] and T(K) for K = 1..len(acc). ``acc``: a_1..a_K; ``draft``: D(1..K);
+        ``c``: c(1..K+1)."""
+        u = 1.0 - self.tie_rate
+        total = u + np.cumsum(np.cumprod(acc * u))
+        return total, c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r
+
     def best(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, drafting: bool = False) -> tuple[int, float]:
         """The K in {0} U [draft_min, len(acc)] with the highest rate, and that rate (K >= 1
-        only, if ``drafting``). ``acc``: a_1..a_K; ``draft``: D(1..K); ``c``: c(1..K+1)."""
-        u = 1.0 - self.tie_rate
-        total = u + np.cumsum(np.cumprod(acc * u))  # E[tokens | K], K = 1..len(acc)
-        rates = total / (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
+        only, if ``drafting``)."""
+        total, time = self.tokens_and_time(acc, draft, c, r)
+        rates = total / time
         rates[: self.draft_min - 1] = -np.inf
         k = int(np.argmax(rates)) + 1 if len(rates) else 0
         if k and (drafting or rates[k - 1] > 1.0 / c[0]):
@@ -95,21 +100,33 @@ class Chooser:
         if self.fixed:
             s = next(iter(caps), None)
             return Plan(s, caps[s]) if s is not None else Plan("none", 0)
-        scale = min(1.0, left / INFO_HORIZON)
         n = max(caps.values(), default=0) + 1
-        c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
-        plan = Plan("none", 0, 1.0 / c[0])
+        c, mean_c, r = self.cost.drawn(rng, 1.0, n), self.cost.table(n), self.cost.rollback_s
+        drawn = Plan("none", 0, 1.0 / c[0])  # the best plan under one draw of every posterior ...
+        at_means = Plan("none", 0, 1.0 / mean_c[0])  # ... and at their means
+        drawn_at_means = (1.0, float(mean_c[0]))  # the drawn plan's E[tokens] and T at the means
         self.options = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            k, rate = self.best(np.array(src.acceptance(cap, rng, scale)), draft, c, r)
-            if k and rate > plan.rate:
-                plan = Plan(name, k, rate)
             means = np.array(src.acceptance(cap, None, 0.0))
+            k, rate = self.best(np.array(src.acceptance(cap, rng, 1.0)), draft, c, r)
+            if k and rate > drawn.rate:
+                drawn = Plan(name, k, rate)
+                total, time = self.tokens_and_time(means[:k], draft[:k], mean_c, r)
+                drawn_at_means = (float(total[-1]), float(time[-1]))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
+            if mrate > at_means.rate:
+                at_means = Plan(name, km, mrate)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
-        return plan
+        if (drawn.source, drawn.k) == (at_means.source, at_means.k):
+            return at_means
+        # try the drawn plan only if, were the draw true, the rest of the run would gain more
+        # than this round is expected to lose by it (both in tokens)
+        gain = left * max(0.0, 1.0 - at_means.rate / drawn.rate)
+        total, time = drawn_at_means
+        loss = at_means.rate * time - total
+        return drawn if gain > loss else at_means
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,
