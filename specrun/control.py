@@ -17,8 +17,8 @@ copy rates learned on other text) is a posterior, and the choice is made on one 
 them (Thompson sampling): what is uncertain but could pay gets tried, what is known to lose does
 not, and trying and exploiting are the same rule. A lesson is only worth its risk if the run can
 use it: the drawn plan is taken over the best plan at the means only if what it promises over
-the tokens the run has left (were the draw true, every one of them would come at its rate)
-outweighs what this round is expected to lose by it (in tokens, at the means). So the last
+the tokens the run has left (judged on a second, independent draw: every one of them would come
+at its rate) outweighs what this round is expected to lose by it (in tokens, at the means). So the last
 tokens of a one-shot run act on the means alone, and a long shot that would cost a tenth of a
 short run is not tried for a few percent.
 
@@ -104,28 +104,31 @@ class Chooser:
         c, mean_c, r = self.cost.drawn(rng, 1.0, n), self.cost.table(n), self.cost.rollback_s
         drawn = Plan("none", 0, 1.0 / c[0])  # the best plan under one draw of every posterior ...
         at_means = Plan("none", 0, 1.0 / mean_c[0])  # ... and at their means
-        drawn_at_means = (1.0, float(mean_c[0]))  # the drawn plan's E[tokens] and T at the means
+        drawn_cap = 0
         self.options = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            means = np.array(src.acceptance(cap, None, 0.0))
             k, rate = self.best(np.array(src.acceptance(cap, rng, 1.0)), draft, c, r)
             if k and rate > drawn.rate:
-                drawn = Plan(name, k, rate)
-                total, time = self.tokens_and_time(means[:k], draft[:k], mean_c, r)
-                drawn_at_means = (float(total[-1]), float(time[-1]))
+                drawn, drawn_cap = Plan(name, k, rate), cap
+            means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             if mrate > at_means.rate:
                 at_means = Plan(name, km, mrate)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
-        if (drawn.source, drawn.k) == (at_means.source, at_means.k):
-            return at_means
-        # try the drawn plan only if, were the draw true, the rest of the run would gain more
-        # than this round is expected to lose by it (both in tokens)
-        gain = left * max(0.0, 1.0 - at_means.rate / drawn.rate)
-        total, time = drawn_at_means
-        loss = at_means.rate * time - total
+        if drawn.source == "none" or (drawn.source, drawn.k) == (at_means.source, at_means.k):
+            return at_means  # nothing to try (a plain step teaches nothing)
+        # Try the drawn plan only if the rest of the run stands to gain more than this round is
+        # expected to lose by it, both in tokens. The gain is judged on a second, independent
+        # draw: the first one chose the plan for looking good, so it flatters it.
+        src, k = self.sources[drawn.source], drawn.k
+        draft = _draft_costs(src, k)
+        tokens, time = self.tokens_and_time(np.array(src.acceptance(drawn_cap, None, 0.0))[:k], draft, mean_c, r)
+        loss = at_means.rate * time[-1] - tokens[-1]
+        again = np.array(src.acceptance(drawn_cap, rng, 1.0))[:k]
+        tokens, time = self.tokens_and_time(again, draft, self.cost.drawn(rng, 1.0, k + 1), r)
+        gain = left * max(0.0, 1.0 - at_means.rate * time[-1] / tokens[-1])
         return drawn if gain > loss else at_means
 
     def could_pay(self, src: Source, cap: int) -> bool:

@@ -12,7 +12,8 @@ every round refines it:
 * a size not yet verified in this process follows the reference, scaled by how far the sizes
   that were verified have moved from it (interpolated between the nearest ones), and is never
   dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
-  busy machine, heals from the sizes in use;
+  busy machine, heals from the sizes in use. Only measurements are stored, never these
+  estimates, so one slow round moves no size but its own in later runs;
 * a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
   smaller batch verified in this process;
 * ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale: a
@@ -212,9 +213,15 @@ class CostModel:
         if calibrated.kernel_gap is not None:
             self.kernel_gap = calibrated.kernel_gap
 
+    def measurements(self) -> dict[int, float]:
+        """What to store: each size's mean as verified in this process, else the reference it
+        started from. (An estimate worked out from other sizes is never stored as if measured:
+        one slow round would otherwise move every size near it, in every later run.)"""
+        return {b: self.seen.get(b, self.verify.get(b)) for b in sorted(set(self.verify) | set(self.seen))}  # type: ignore[misc]
+
     def to_json(self) -> dict:
         return {
-            "verify": {str(k): v for k, v in self.curve().items()},
+            "verify": {str(k): v for k, v in self.measurements().items()},
             "rollback_s": self.rollback_s,
             "measured": self.measured,
             **({"kernel_gap": self.kernel_gap} if self.kernel_gap is not None else {}),

@@ -281,3 +281,15 @@ def test_costs_command_shows_and_resets(tiny, tmp_path):
     assert len(CostStore(cache / "costs.json").entries()) == 1
     assert cli(["costs", "--reset"], cache, tmp_path).returncode == 0
     assert CostStore(cache / "costs.json").entries() == {}
+
+
+def test_only_measurements_are_stored_not_what_was_worked_out_from_them():
+    """One slow round at a size moves the estimates of the sizes near it in this process, but
+    what is stored for those sizes is still their reference: the next run does not start from
+    one round's disturbance everywhere."""
+    cost = CostModel(dict(CPU))
+    cost.observe_verify(2, 1.3 * CPU[2])  # one slow round (a busy moment)
+    assert cost.verify_cost(3) > CPU[3]  # in this process, its neighbours move with it
+    stored = CostModel.from_json(cost.to_json())
+    assert stored.verify_cost(2) == pytest.approx(1.3 * CPU[2])  # what was measured is kept
+    assert stored.verify_cost(3) == pytest.approx(CPU[3])  # the rest is as it was
