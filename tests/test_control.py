@@ -242,6 +242,24 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     assert s.acceptance(1, None, 0.0)[0] < before[0]
 
 
+def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
+    """An edit that inserts a line after every fifth (a docstring after each def): copies go on
+    inside lines and break where a new line starts. The line-start rate learns that, the
+    mid-line rates do not, and a copy on offer is expected to stop at its next line break."""
+    newline = 0  # the token that ends a line
+    s = NgramSource(ends_line=lambda t: t == newline)
+    seq = [1, 2, 3, newline, 5, 6, 7, newline] * 6 + [1, 2]  # the copy on offer: 3 newline 5 6 ...
+    s.prepare(seq, 8, 100)
+    assert s.offer.tokens[:3] == [3, newline, 5]
+    rs = RoundStats("none", 0, 0, 0, 0.0, 0.0, 0.0)
+    for _ in range(30):  # the target ends the line, then writes an inserted one, not the source's next
+        s.observe(Outcome("none", Proposal(), 0, [3, newline, 99], False, rs))
+    a = s.acceptance(4, None, 0.0)
+    assert min(a[:2]) > 0.8  # inside the line, and its line break itself
+    assert a[2] < 0.3  # the first token of the next line
+    assert NgramSource().acceptance(0, None, 0.0) == []  # (without line breaks known, no line rate)
+
+
 def test_stored_rates_are_a_prior_worth_a_few_observations():
     t = RateTable(len(COPY_BINS))
     for _ in range(500):

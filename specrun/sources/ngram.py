@@ -3,21 +3,25 @@
 N-gram guesses are copies of an earlier span, and a copy that has already matched L tokens is
 far likelier to go on than a fresh two-token match (code editing returns whole files; chat
 rarely repeats itself). So the chance that position j of a copy is accepted is the rate of its
-copy-length bin, ``a_j = rate(L + j - 1)``. Guesses cost no model time, so every round scores
-the copy on offer against what the target actually wrote, drafted or not: the rates learn from
-every token, and a copy that starts to pay is taken up at once.
+copy-length bin, ``a_j = rate(L + j - 1)``. Edits come in lines, though: a docstring, a logging
+call or a comment is inserted between lines, so a copy that runs on across a line break is a
+different bet from one that runs on inside a line. A position that starts a new line has a
+rate of its own (with the length bin's as its prior). Guesses cost no model time, so every
+round scores the copy on offer against what the target actually wrote, drafted or not: the
+rates learn from every token, and a copy that starts to pay is taken up at once.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
 from ..drafters import Proposal
 from ..sampling import Dist
-from .base import Outcome, RateTable
+from .base import STORED_WEIGHT, Outcome, Rate, RateTable
 
 COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
 # (0 and 1: a copy just past an edit the drafter learned)
@@ -32,21 +36,36 @@ class NgramSource:
 
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 6):
+    def __init__(self, n_min: int = 2, n_max: int = 6, ends_line: Callable[[int], bool] | None = None):
+        """``ends_line(token)``: does the token's text hold a line break? (None: lines unknown)"""
         self.drafter = NgramDrafter(n_min, n_max)
-        self.copy = RateTable(len(COPY_BINS))
+        self.copy = RateTable(len(COPY_BINS))  # a copy goes on, inside a line, by its length
+        self.line = Rate()  # ... and at the start of a new line
+        self.ends_line = lru_cache(maxsize=None)(ends_line) if ends_line is not None else (lambda t: False)
         self.offer = Proposal()
+        self.last = -1  # the sequence's last token, before the copy on offer
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         self.offer = Proposal()
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
+        self.last = tokens[-1] if tokens else -1
         return len(self.offer)
+
+    def _starts_line(self, j: int) -> bool:
+        """Does position j of the copy on offer start a new line?"""
+        return self.ends_line(self.offer.tokens[j - 1] if j else self.last)
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
         rates = self.copy.draws(rng, scale)
-        return [rates[copy_bin(self.offer.match + j)] for j in range(k)]
+        out = []
+        for j in range(k):
+            a = rates[copy_bin(self.offer.match + j)]
+            if self._starts_line(j):
+                a = self.line.mean(a) if rng is None or scale <= 0 else self.line.draw(a, rng, scale)
+            out.append(a)
+        return out
 
     def rates(self) -> list[float]:
         """The mean rate by copy-length bin (for `specrun costs`)."""
@@ -62,8 +81,9 @@ class NgramSource:
         """Score the copy on offer (used or not) against the tokens that really followed, up to
         the first miss."""
         self.copy.decay()
+        self.line.decay()
         for j, (x, y) in enumerate(zip(self.offer.tokens, outcome.emitted)):
-            self.copy.bins[copy_bin(self.offer.match + j)].add(x == y)
+            (self.line if self._starts_line(j) else self.copy.bins[copy_bin(self.offer.match + j)]).add(x == y)
             if x != y:
                 break
 
@@ -71,11 +91,15 @@ class NgramSource:
         pass  # the lookup rebuilds itself from the sequence
 
     def to_json(self) -> dict:
-        return {"bins": list(COPY_BINS), **self.copy.to_json()}
+        return {"bins": list(COPY_BINS), **self.copy.to_json(), "line": [round(self.line.hits, 3), round(self.line.n, 3)]}
 
     def load(self, d: dict) -> None:
         if isinstance(d, dict) and list(d.get("bins", ())) == list(COPY_BINS):
             self.copy.load(d)
+            line = d.get("line")
+            if isinstance(line, list) and len(line) == 2 and all(isinstance(x, (int, float)) for x in line) and 0 <= line[0] <= line[1]:
+                f = min(1.0, STORED_WEIGHT / line[1]) if line[1] > 0 else 0.0
+                self.line = Rate(line[0] * f, line[1] * f)
 
 
 class NgramDrafter:
