@@ -20,14 +20,14 @@ from ..sampling import Sampler
 from .model import Autoregressive
 
 if TYPE_CHECKING:
-    from ..backend import MtpHeads
+    from ..backend import DraftHead
     from ..costs import CostModel
 
 
 class MtpSource(Autoregressive):
     name = "mtp"
 
-    def __init__(self, heads: MtpHeads, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
+    def __init__(self, heads: DraftHead, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
         super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
         self.heads = heads
 
