@@ -8,6 +8,10 @@ holds only those blocks. The trunk's own cache leaves them out, so a header's KV
 every block (``ModelInfo.kv_bytes``) already counts the heads' cache, and its weights count
 their tensors: :class:`Heads` says which part of each is theirs.
 
+An EAGLE-3 head is a file of its own (arch ``eagle3``), trained for one target: :class:`Eagle3`
+says for which (its hidden size and the layers it reads), so a wrong pairing is refused before
+anything loads.
+
 Nothing here loads weights: ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
 it in milliseconds.
 """
@@ -17,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    from .modelinfo import ModelInfo
+    from .modelinfo import ModelFacts, ModelInfo
 
 # architectures llama.cpp (at the vendored commit) has an MTP graph for; their released
 # checkpoints usually ship the heads, so a file of one of them without heads lost them in
@@ -105,3 +111,77 @@ def heads_of(m: ModelInfo) -> Heads:
     per = m.head_dim_k + m.head_dim_v
     kv = sum(int(h * per * 2) for h in m.n_head_kv[first : m.n_layer]) if count else 0
     return Heads(m.architecture, count, first, weights, kv, m.architecture in MTP_ARCHS)
+
+
+# --- EAGLE-3 heads: a file of their own, for one target ----------------------------------------
+
+EAGLE3_ARCH = "eagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3:
+    """What an EAGLE-3 head's header (arch ``eagle3``) says about the target it was trained for.
+
+    Such a head drafts from three of its target's layer inputs at each position, fused by its
+    own encoder (``fc``); its decoder borrows the target's token embeddings and output head
+    where the file has none. So it serves only a target of the hidden size it was trained on
+    (``eagle3.target_hidden_size``) with the layers it reads (``eagle3.target_layers``), and,
+    like any draft, the target's vocabulary."""
+
+    target_layers: tuple[int, ...]
+    target_hidden: int
+    own_embeddings: bool  # token_embd in the file (else the target's)
+    own_output: bool  # output in the file (else the target's head)
+    draft_vocab: int | None  # d2t: the head guesses among this many tokens, mapped to the target's (None: all)
+
+    def describe(self) -> str:
+        """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29)'."""
+        layers = ", ".join(str(i) for i in self.target_layers)
+        return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers})"
+
+    def mismatch(self, t: ModelFacts) -> str | None:
+        """Why this head cannot draft for target ``t`` (from headers), or None. llama.cpp can
+        also read a target's final state as the layer n_layer, through its MTP output; specrun
+        reads layer inputs only."""
+        if t.architecture == EAGLE3_ARCH:
+            return f"{t.path.name} is an EAGLE-3 head itself, not a target"
+        if self.target_hidden != t.n_embd:
+            return f"it was trained for a {self.target_hidden}-wide target, and {t.path.name} is {t.n_embd} wide"
+        if len(self.target_layers) != 3:
+            return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
+        beyond = [i for i in self.target_layers if not 0 <= i < t.n_layer]
+        if beyond:
+            return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "target_layers": list(self.target_layers),
+            "target_hidden_size": self.target_hidden,
+            "own_embeddings": self.own_embeddings,
+            "own_output": self.own_output,
+            "draft_vocab": self.draft_vocab,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Eagle3:
+        return cls(tuple(int(i) for i in d["target_layers"]), int(d["target_hidden_size"]), bool(d["own_embeddings"]),
+                   bool(d["own_output"]), None if d["draft_vocab"] is None else int(d["draft_vocab"]))  # fmt: skip
+
+
+def eagle3_of(m: ModelInfo) -> Eagle3 | None:
+    """The EAGLE-3 head ``m``'s header describes (None: ``m`` is not one)."""
+    if m.architecture != EAGLE3_ARCH:
+        return None
+    raw = m.header.get(f"{EAGLE3_ARCH}.target_layers")
+    layers = tuple(int(i) for i in raw) if raw is not None and not isinstance(raw, (str, bytes)) else ()
+    hidden = m.header.get(f"{EAGLE3_ARCH}.target_hidden_size")
+    tensors = {t.name: t for t in m.header.tensors}
+    d2t = tensors.get("d2t")
+    return Eagle3(
+        layers,
+        int(hidden) if isinstance(hidden, (int, np.integer)) else 0,
+        "token_embd.weight" in tensors,
+        "output.weight" in tensors,
+        int(d2t.shape[0]) if d2t is not None else None,
+    )
