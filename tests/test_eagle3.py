@@ -415,3 +415,25 @@ def test_the_head_beside_the_targets_own_mtp_heads(tmp_path):
         for s in ("eagle3", "mtp"):
             out, stats = run(m, Settings(s, draft_max=K, p_min=0.0, fixed=True), prompt, on_step=in_step)
             assert out == plain_out and stats.by_source[s][1] > 0
+
+
+def test_serve_drafts_with_the_head(tiny, heads, tmp_path):
+    """`serve -d eagle3-head.gguf`: one sequence (the head follows one), a request that asks for
+    the head drafts with it (counted as source eagle3 in /metrics), and its text is what a plain
+    request gets."""
+    from serve_helpers import Server
+
+    s = Server(["-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "-t", "1", "-c", "1024", "--parallel", "0"], tmp_path)
+    try:
+        assert "parallel 1: the EAGLE-3 head eagle3.gguf follows one sequence" in s.stderr
+        body = {"prompt": PROMPTS[1], "max_tokens": 32, "temperature": 0}
+        speculative = {"n_max": K, "p_min": 0.0, "fixed": True}
+        status, _, r = s.post("/v1/completions", {**body, "draft": "eagle3", "speculative": speculative})
+        assert status == 200, r
+        assert r["timings"]["draft_n"] > 0
+        assert s.metrics().get('specrun_rounds_total{source="eagle3"}', 0) > 0
+        status, _, plain_r = s.post("/v1/completions", {**body, "draft": "none"})
+        assert status == 200 and plain_r["choices"][0]["text"] == r["choices"][0]["text"]
+    finally:
+        assert s.stop() == 143, s.stderr
+    assert "Traceback" not in s.stderr, s.stderr
