@@ -801,10 +801,14 @@ class DraftHead:
       and the state before it (the last accepted row of the verify batch).
 
     A subclass says what a state is (:meth:`_target_states`), how queued pairs go into a batch
-    (:meth:`_put`) and where the pair for position p sits in its own cache: at ``p - shift``.
+    (:meth:`_put`) and where the pair for position p sits in its own cache: at ``p - shift``. A
+    head without a cache of its own (``own_cache`` False: it attends over the target's, shared
+    through ``ctx_other``) has nothing to queue, feed or roll back, and feeds every guess at the
+    pending position (the target's cache holds nothing past it).
     """
 
     shift = 0
+    own_cache = True
     what = "heads"  # for messages
     max_draft: int | None = None  # the longest draft it can make (None: no bound)
 
@@ -858,6 +862,8 @@ class DraftHead:
     @property
     def cached(self) -> int:
         """Positions in the head's KV cache (llama.cpp's own count): ``n_past`` less the queue."""
+        if not self.own_cache:
+            return self.n_past
         return min(self.n_past, int(ll.llama_memory_seq_pos_max(self._mem, 0)) + 1 + self.shift)
 
     @property
@@ -877,7 +883,7 @@ class DraftHead:
         self._lo = pos0 - (before is not None)
         # a batch re-decoding positions the head holds keeps their entries; a head with no
         # pair for position 0 (shift 1) counts it as held from the start
-        for p in range(max(self.n_past, pos0, self.shift), pos0 + n):
+        for p in range(max(self.n_past, pos0, self.shift), pos0 + n) if self.own_cache else ():
             self._queue.append((tokens[p - pos0], p, self.state_before(p)))
         self.n_past = pos0 + n
         if len(self._queue) >= self.n_batch:  # keep room in a batch for the queue and a draft token
@@ -937,7 +943,7 @@ class DraftHead:
         else:
             assert self._draft_h is not None
             pos = self._draft_pos
-            idx = self._add(token, pos - self.shift, self._draft_h, True)
+            idx = self._add(token, pos - self.shift if self.own_cache else self.n_past, self._draft_h, True)
         self._run("draft")
         self._draft_pos = pos + 1
         self._draft_h = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn_ith(self._ctx, idx), shape=(self.n_embd,)).copy()
@@ -947,7 +953,7 @@ class DraftHead:
 
     def end_draft(self) -> None:
         """Forget the positions the draft steps wrote (the target's verify decode writes them again)."""
-        if self._draft_pos is not None:
+        if self._draft_pos is not None and self.own_cache:
             ll.llama_memory_seq_rm(self._mem, 0, self.n_past - self.shift, -1)
         self._draft_pos, self._draft_h = None, None
 
@@ -962,13 +968,15 @@ class DraftHead:
             return
         if n_past < self.n_past:
             self._queue = [e for e in self._queue if e[1] < n_past]
-            ll.llama_memory_seq_rm(self._mem, 0, n_past - self.shift, -1)
+            if self.own_cache:
+                ll.llama_memory_seq_rm(self._mem, 0, n_past - self.shift, -1)
             self.n_past = n_past
 
     def reset(self) -> None:
         self._draft_pos: int | None = None  # the next draft position while drafting
         self._draft_h: np.ndarray | None = None
-        ll.llama_memory_clear(self._mem, True)
+        if self.own_cache:  # (a shared cache is the target's: clearing it would clear the target's cells)
+            ll.llama_memory_clear(self._mem, True)
         self.n_past = 0  # positions accounted for: in the head's cache, or queued for it
         self._queue: list[tuple[int, int, np.ndarray]] = []  # (token, position, state before it), oldest first
         # the target's states for positions [_lo, _lo + len(_states)): its last batch and the one before
@@ -1047,6 +1055,83 @@ class MtpHeads(DraftHead):
         return idx
 
 
+def _load_head(path: Path, opts: LoadOptions, log: _Log):
+    """A draft head's own model (an EAGLE-3 head, Gemma 4's assistant), placed by ``opts``."""
+    log.mark()
+    mp, keep = _model_params(replace(opts, load_mtp=False))
+    model = ll.llama_model_load_from_file(str(path).encode(), mp)
+    del keep  # llama.cpp read the placement arrays while loading
+    if not model:
+        why = "; ".join(log.errors) or "llama.cpp could not load it"
+        raise BackendError(f"cannot load {path.name}: {why}", "run `specrun inspect` on it")
+    return model
+
+
+class Gemma4Assistant(MtpHeads):
+    """Gemma 4's MTP drafter, a file of its own (arch ``gemma4-assistant``, ``mtp-*.gguf``),
+    beside its Gemma 4 target: MTP heads that come in another file.
+
+    Its blocks have queries only: they attend over the target's KV cache (its last
+    sliding-window and its last full-attention layer), which its context shares through
+    ``ctx_other``, and it borrows the target's token embeddings. Fed a token and the target's
+    final state before it (``embeddings_nextn``, as the built-in heads are), it guesses the
+    next token; each guess is fed back with its own state at the *same* position, as llama.cpp
+    (common/speculative.cpp, ``is_mem_shared``) and the transformers reference do. With no cache
+    of its own (``own_cache`` False) it has nothing to catch up or roll back: it follows the
+    target's states only. It runs all its blocks in one graph, so its draft is not bounded.
+    """
+
+    own_cache = False
+    what = "Gemma 4 assistant"
+
+    def __init__(self, target: Model, path: str | Path, opts: LoadOptions | None = None):
+        """``opts``: where the assistant's own weights go (by default where the target's did)."""
+        log = _ensure_init()
+        self.path = Path(path)
+        self._model = _load_head(self.path, opts or target.opts, log)
+        self._ctx = None
+        n_embd = int(ll.llama_model_n_embd_out(self._model))  # the backbone's width: the target's state
+        try:
+            if n_embd != int(ll.llama_model_n_embd_out(target._model)):
+                raise UsageError(
+                    f"{self.path.name} reads {n_embd}-wide states, and {target.path.name}'s are "
+                    f"{int(ll.llama_model_n_embd_out(target._model))} wide",
+                    "give the assistant made for this target",
+                    "draft_model",
+                )
+            log.mark()
+            cp = ll.llama_context_default_params()
+            cp.n_ctx = target.n_ctx
+            cp.n_batch = target.n_batch
+            cp.n_ubatch = target.n_batch
+            cp.n_threads = target.opts.n_threads
+            cp.n_threads_batch = target.opts.n_threads
+            cp.n_outputs_max = 1  # a draft step reads one row
+            cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+            cp.ctx_other = target._ctx
+            cp.n_rs_seq = 0
+            cp.no_perf = True
+            ctx = ll.llama_init_from_model(self._model, cp)
+            if not ctx:
+                why = "; ".join(log.errors) or "out of memory?"
+                raise BackendError(f"cannot create a context for {self.path.name}: {why}", "lower {n_ctx} or use another {mode}")
+        except BaseException:
+            ll.llama_model_free(self._model)
+            self._model = None
+            raise
+        self.n_heads = int(ll.llama_model_n_layer_nextn(self._model))
+        self.max_draft = None
+        ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
+        ll_ext.llama_set_embeddings_nextn(ctx, True, True)  # and for the assistant's output rows
+        self._follow(target, ctx, n_embd, n_embd)
+
+    def close(self) -> None:
+        super().close()
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+
 # llama.cpp's calls for EAGLE-3, declared in src/llama-ext.h and src/llama-model.h without
 # extern "C", so exported under C++-mangled (Itanium) names, and not bound by llama-cpp-python:
 # name -> (mangled name, result, arguments)
@@ -1104,15 +1189,8 @@ class Eagle3Head(DraftHead):
     def __init__(self, target: Model, path: str | Path, opts: LoadOptions | None = None):
         """``opts``: where the head's own weights go (by default where the target's did)."""
         log = _ensure_init()
-        log.mark()
-        opts = opts or target.opts
         self.path = Path(path)
-        mp, keep = _model_params(replace(opts, load_mtp=False))
-        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
-        del keep
-        if not self._model:
-            why = "; ".join(log.errors) or "llama.cpp could not load it"
-            raise BackendError(f"cannot load {self.path.name}: {why}", "run `specrun inspect` on it")
+        self._model = _load_head(self.path, opts or target.opts, log)
         self._ctx = None
         try:
             n = int(_eagle3_fn("llama_model_target_layer_ids_n")(self._model))
@@ -1129,8 +1207,8 @@ class Eagle3Head(DraftHead):
             cp.n_ctx = target.n_ctx
             cp.n_batch = min(target.n_batch, EAGLE3_BATCH)
             cp.n_ubatch = cp.n_batch  # the encoder takes a batch in one ubatch
-            cp.n_threads = opts.n_threads
-            cp.n_threads_batch = opts.n_threads
+            cp.n_threads = target.opts.n_threads
+            cp.n_threads_batch = target.opts.n_threads
             cp.ctx_other = target._ctx
             cp.no_perf = True
             ctx = ll.llama_init_from_model(self._model, cp)

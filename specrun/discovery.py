@@ -7,8 +7,9 @@ token-text hashes settle the text rule without opening either file, so only near
 the first differing id as check-pair does.
 
 Ranking, most useful first: the target's own MTP heads when it carries them (trained with it,
-free to store and nearly free to run: see ``heads.py``), then EAGLE-3 heads trained for it (an
-EAGLE-3 file for another target, by its hidden size or the layers it reads, cannot draft), then
+free to store and nearly free to run: see ``heads.py``), then draft heads trained for it in files
+of their own (EAGLE-3 heads, Gemma 4's MTP assistant; one for another target, by its hidden size
+or the layers it reads, cannot draft), then
 the target's own architecture (same family, trained alike, so higher acceptance), then the
 smallest (drafting cost is roughly proportional to size).
 """
@@ -50,7 +51,7 @@ class Candidate:
             "can_draft": not self.reason,
             "reason": self.reason or None,
             "failed_checks": [{"name": c.name, "detail": c.detail} for c in self.compat.failures],
-            "eagle3": self.summary.eagle3.to_json() if self.summary.eagle3 else None,
+            "draft_head": self.summary.draft_head.to_json() if self.summary.draft_head else None,
         }
 
 
@@ -137,13 +138,13 @@ def find_drafts(target: Path, label: str, catalog: Catalog, cache: SummaryCache,
         c = Candidate(k, s, compat, estimate_local(s, "draft", n_ctx), ratio)
         if not compat.compatible:
             c.reason = short_reason(compat)
-        elif s.eagle3 is not None:
-            c.reason = f"an EAGLE-3 head for another target: {why}" if (why := s.eagle3.mismatch(t)) else ""
+        elif s.draft_head is not None:
+            c.reason = f"{s.draft_head.kind} for another target: {why}" if (why := s.draft_head.mismatch(t)) else ""
         elif s.weights_bytes >= t.weights_bytes:
             c.reason = f"same vocabulary, but not smaller than the target ({c.size_ratio:.2f}x its weights)"
         (report.cannot if c.reason else report.drafts).append(c)
     report.drafts.sort(
-        key=lambda c: (c.summary.eagle3 is None, c.summary.architecture != t.architecture, c.summary.weights_bytes, c.known.label)
+        key=lambda c: (c.summary.draft_head is None, c.summary.architecture != t.architecture, c.summary.weights_bytes, c.known.label)
     )
     # compatible-but-larger first: they are the closest misses
     report.cannot.sort(key=lambda c: (not c.compat.compatible, c.summary.tokenizer_model != t.tokenizer_model, c.known.label))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .architecture import require_loadable
 from .compat import Compatibility, check_vocab
-from .heads import Eagle3, eagle3_of
+from .heads import HeadFile, head_file_of
 from .memory import Dev, Fit, GpuQuery, local_devices
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, PlacementSettings, Settings, fit, plan, proposals
@@ -48,7 +48,7 @@ class PairReport:
     n_ctx: int
     suggestions: list[str] = field(default_factory=list)
     placement: Placement | None = None
-    eagle3: Eagle3 | None = None  # the draft is an EAGLE-3 head: the target it was trained for
+    draft_head: HeadFile | None = None  # the draft is a head in a file of its own: the target it was trained for
     head_mismatch: str | None = None  # ... and why this target is not that one
 
     @property
@@ -68,8 +68,8 @@ class PairReport:
             "memory": self.fit.to_json(),
             "placement": self.placement.to_json() if self.placement else None,
             "suggested_drafts": self.suggestions,
-            "eagle3": {**self.eagle3.to_json(), "matches": self.head_mismatch is None, "mismatch": self.head_mismatch}
-            if self.eagle3 is not None
+            "draft_head": {**self.draft_head.to_json(), "matches": self.head_mismatch is None, "mismatch": self.head_mismatch}
+            if self.draft_head is not None
             else None,
         }
 
@@ -93,6 +93,6 @@ def check_pair(
     local, note = local_devices(gpu_query, available_ram)
     a = assess(s, list(remote or []) + local, t, d, note)
     assert a.compat is not None
-    head = eagle3_of(d)
+    head = head_file_of(d)
     mismatch = head.mismatch(t) if head is not None else None
-    return PairReport(t, d, a.compat, a.fit, s.n_ctx, placement=a.placement, eagle3=head, head_mismatch=mismatch)
+    return PairReport(t, d, a.compat, a.fit, s.n_ctx, placement=a.placement, draft_head=head, head_mismatch=mismatch)

@@ -21,7 +21,7 @@ from .config import PairConfig
 from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
-from .heads import Heads, eagle3_of, heads_of
+from .heads import HEAD_FILE_ARCHS, Heads, head_file_of, heads_of
 from .inventory import connect
 from .learned import CostStore
 from .memory import Dev
@@ -48,8 +48,9 @@ def can_share_context(t: ModelInfo, d: ModelInfo | None, heads: bool) -> str | N
     """Why these models cannot decode several sequences in one context (None: they can)."""
     if heads:
         return f"{t.path.name}'s MTP heads follow one sequence"
-    if d is not None and eagle3_of(d) is not None:
-        return f"the EAGLE-3 head {d.path.name} follows one sequence"
+    h = head_file_of(d) if d is not None else None
+    if d is not None and h is not None:
+        return f"{d.path.name} ({h.kind}) follows one sequence"
     for info in (t, d):
         if info is not None and info.arch.kind != "attention":
             return f"{info.path.name} has a recurrent state ({info.arch.kind})"
@@ -79,14 +80,15 @@ def require_file(r: Resolved) -> Resolved:
 def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: Settings) -> tuple[Resolved, Resolved | None, Settings]:
     """The target and draft files for these names, and the settings as they apply: hybrid
     drafts with the target's own MTP heads when it has them (its best free draft; the chooser
-    weighs them against a draft model or an EAGLE-3 head named or registered beside them), and
-    is the n-gram lookup alone with neither at hand. ``{mode} mtp`` on a target without heads,
-    and an EAGLE-3 head trained for another target, are refused here, from their headers, before
-    anything loads."""
+    weighs them against what is named or registered beside them: a draft model, an EAGLE-3 head,
+    Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at hand. ``{mode} mtp``
+    on a target without heads (and no assistant given), a draft of the wrong kind for the mode,
+    and a head trained for another target are refused here, from their headers, before anything
+    loads."""
     target = require_file(reg.resolve(model))
     t_info = model_info(target.path)
     heads = heads_of(t_info)
-    if settings.mode == "mtp":
+    if settings.mode == "mtp" and not draft_model:  # the target's own heads
         if not heads.usable:
             raise UsageError(
                 f"{{mode}} mtp needs built-in MTP heads, and {target.label} has {_no_heads(heads)}; "
@@ -94,11 +96,9 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
                 "use {mode} ngram, or give a draft model ({draft_model}) with {mode} model",
                 "draft",
             )
-        if draft_model:
-            raise UsageError("{mode} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {mode} hybrid", "mode")
         return target, None, settings
     draft = None
-    if "model" in settings.sources or "eagle3" in settings.sources:
+    if settings.mode == "mtp" or "model" in settings.sources or "eagle3" in settings.sources:  # (mtp: an assistant is given)
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
         if d is None:
             if settings.mode in ("model", "eagle3"):
@@ -114,26 +114,28 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     return target, draft, settings if draft is not None else settings.without_draft_model(heads.usable)
 
 
+_WANTS = {"model": "a draft model", "eagle3": "an EAGLE-3 head", "mtp": "an MTP assistant"}  # what -d must be, by mode
+
+
 def _check_draft_kind(t_info: ModelInfo, target: Resolved, draft: Resolved, settings: Settings) -> None:
-    """A draft model for ``{mode} model``, an EAGLE-3 head trained for this target for ``{mode}
-    eagle3``; either for hybrid."""
-    head = eagle3_of(model_info(draft.path))
-    if head is None:
-        if settings.mode == "eagle3":
-            raise UsageError(
-                f"{{mode}} eagle3 needs an EAGLE-3 head, and {draft.label} is a {model_info(draft.path).architecture} model",
-                "give an eagle3 GGUF ({draft_model}), or use {mode} model",
-                "draft_model",
-            )
-        return
-    if settings.mode == "model":
-        raise UsageError(f"{draft.label} is an EAGLE-3 head, not a draft model", "use {mode} eagle3 or {mode} hybrid", "mode")
-    why = head.mismatch(t_info)
-    if why:
+    """The draft file is of the kind the mode drafts with (a draft model, an EAGLE-3 head,
+    Gemma 4's MTP assistant; any for hybrid), and a head is one trained for this target."""
+    info = model_info(draft.path)
+    head = head_file_of(info)
+    source = head.source if head is not None else "model"
+    if settings.mode in _WANTS and source != settings.mode:
+        if settings.mode == "mtp" and heads_of(t_info).usable:
+            raise UsageError("{mode} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {mode} hybrid", "mode")
+        what = head.kind if head is not None else f"a {info.architecture} model"
         raise UsageError(
-            f"the EAGLE-3 head {draft.label} cannot draft for {target.label}: {why}",
-            "give the head trained for this target",
+            f"{{mode}} {settings.mode} needs {_WANTS[settings.mode]}, and {draft.label} is {what}",
+            f"use {{mode}} {source} or {{mode}} hybrid" if head is not None else "give one ({draft_model}), or use {mode} model",
             "draft_model",
+        )
+    why = head.mismatch(t_info) if head is not None else None
+    if head is not None and why:
+        raise UsageError(
+            f"{draft.label} ({head.kind}) cannot draft for {target.label}: {why}", "give the head trained for this target", "draft_model"
         )
 
 
@@ -152,6 +154,9 @@ def _no_heads(h: Heads) -> str:
 def _sources(reg: Registry, target: Resolved) -> list[str]:
     """The draft sources a target without usable heads does have, in words."""
     out = ["ngram (prompt lookup)"]
+    arch = model_info(target.path).architecture
+    if any(want == arch for source, want in HEAD_FILE_ARCHS.values() if source == "mtp"):
+        out.append("mtp (with the MTP assistant file you give, mtp-*.gguf)")
     d = reg.default_draft(target)
     out.append(f"model (its registry draft {d.label})" if d is not None else "model (with a draft model you give)")
     return out
@@ -190,10 +195,10 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
     place both models, check the fit per device, then load both; with ``heads``, the target's
     MTP heads too (their weights and KV are in the target's estimate already). A draft that is
-    an EAGLE-3 head is placed and fitted as a draft, and loaded beside the target, attached to
-    it."""
+    a head in a file of its own (an EAGLE-3 head, Gemma 4's MTP assistant) is placed and fitted
+    as a draft, and loaded beside the target, attached to it."""
     from . import backend
-    from .backend import Eagle3Head, LoadOptions, Model, MtpHeads
+    from .backend import Eagle3Head, Gemma4Assistant, LoadOptions, Model, MtpHeads
 
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
@@ -259,8 +264,11 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
         if heads:
             mtp = MtpHeads(target)
         if draft_path is not None and placement.draft is not None:
-            if d_info is not None and eagle3_of(d_info) is not None:
+            head = head_file_of(d_info) if d_info is not None else None
+            if head is not None and head.source == "eagle3":
                 eagle3 = Eagle3Head(target, draft_path, options(placement.draft, n_seq))
+            elif head is not None:
+                mtp = Gemma4Assistant(target, draft_path, options(placement.draft, n_seq))
             else:
                 draft = Model(draft_path, options(placement.draft, n_seq))
     except BaseException:
@@ -269,7 +277,9 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     for role, m in (("target", target), ("draft", draft)):
         if m is not None and m.offload.reported and m.offload.layers:
             notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded")
-    if mtp is not None:
+    if isinstance(mtp, Gemma4Assistant):
+        notices.append(f"drafting with Gemma 4's MTP assistant {mtp.path.name} ({mtp.n_heads} blocks)")
+    elif mtp is not None:
         notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads})")
     if eagle3 is not None:
         notices.append(f"drafting with the EAGLE-3 head {eagle3.path.name} (it reads the target's layers {list(eagle3.layers)})")

@@ -24,7 +24,7 @@ from specrun.cli.main import main
 from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.errors import EXIT_FAIL, EXIT_USAGE, UsageError
-from specrun.heads import Eagle3, eagle3_of
+from specrun.heads import HeadFile, head_file_of
 from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
 from specrun.server.metrics import Metrics
@@ -107,13 +107,13 @@ def cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_the_header_says_which_target_the_head_is_for(tiny, heads):
-    e = eagle3_of(model_info(heads["eagle3"]))
-    assert e == Eagle3(TARGET_LAYERS, N_EMBD, False, False, None)
+    e = head_file_of(model_info(heads["eagle3"]))
+    assert e == HeadFile("eagle3", N_EMBD, TARGET_LAYERS, False, False, None) and e.source == "eagle3"
     assert e.describe() == "EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1)"
     assert e.mismatch(model_info(tiny["target"])) is None
-    assert "128-wide target" in (eagle3_of(model_info(heads["eagle3-wide"])).mismatch(model_info(tiny["target"])) or "")
+    assert "128-wide target" in (head_file_of(model_info(heads["eagle3-wide"])).mismatch(model_info(tiny["target"])) or "")
     assert "has 1 (0..0)" in (e.mismatch(model_info(tiny["draft-small"])) or "")  # one block: no layer 1 to read
-    assert eagle3_of(model_info(tiny["target"])) is None
+    assert head_file_of(model_info(tiny["target"])) is None
 
 
 def test_inspect_shows_the_head(heads, capsys, monkeypatch):
@@ -123,7 +123,7 @@ def test_inspect_shows_the_head(heads, capsys, monkeypatch):
     assert code == 0 and "EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1)" in text
     assert "borrows the target's token embeddings and output head" in text
     code, out, _ = cli(["inspect", str(heads["eagle3"]), "--json"], capsys)
-    assert json.loads(out)["eagle3"]["target_layers"] == list(TARGET_LAYERS)
+    assert json.loads(out)["draft_head"]["target_layers"] == list(TARGET_LAYERS)
 
 
 def test_check_pair_says_whether_the_head_fits_the_target(tiny, heads, capsys):
@@ -134,7 +134,7 @@ def test_check_pair_says_whether_the_head_fits_the_target(tiny, heads, capsys):
     assert code == EXIT_FAIL and "not this target's" in text and "128-wide target" in text and "NO:" in text
     code, out, _ = cli(["check-pair", "-m", str(tiny["target"]), "-d", str(heads["eagle3-wide"]), "--json"], capsys)
     report = json.loads(out)
-    assert not report["ok"] and report["compatible"] and not report["eagle3"]["matches"]
+    assert not report["ok"] and report["compatible"] and not report["draft_head"]["matches"]
 
 
 def test_drafts_and_models_scan_mark_the_heads(tiny, heads, tmp_path, monkeypatch, capsys):
@@ -152,7 +152,7 @@ def test_drafts_and_models_scan_mark_the_heads(tiny, heads, tmp_path, monkeypatc
     report = json.loads(out)
     assert code == 0
     assert [Path(d["path"]).name for d in report["drafts"]] == ["eagle3.gguf", "draft-small.gguf"]
-    assert report["drafts"][0]["eagle3"]["target_hidden_size"] == N_EMBD
+    assert report["drafts"][0]["draft_head"]["target_hidden_size"] == N_EMBD
     wide = next(c for c in report["cannot_draft"] if Path(c["path"]).name == "eagle3-wide.gguf")
     assert "an EAGLE-3 head for another target" in wide["reason"] and "128-wide" in wide["reason"]
     monkeypatch.setenv("COLUMNS", "250")
@@ -177,12 +177,13 @@ def test_a_head_for_another_target_is_one_line_exit_2(tiny, heads, capsys):
         code, out, err = cli(argv, capsys)
         assert code == EXIT_USAGE and out == ""
         line = one_line(err)
-        assert "the EAGLE-3 head" in line and "cannot draft for" in line and "128-wide" in line, line
+        assert "eagle3-wide.gguf (an EAGLE-3 head) cannot draft for" in line and "128-wide" in line, line
 
 
 def test_a_head_and_a_draft_model_are_not_mistaken_for_each_other(tiny, heads, capsys):
     code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "--draft", "model", "-p", "hi"], capsys)
-    assert code == EXIT_USAGE and out == "" and "is an EAGLE-3 head, not a draft model" in one_line(err) and "--draft eagle3" in err
+    assert code == EXIT_USAGE and out == "" and "--draft model needs a draft model, and" in one_line(err)
+    assert "eagle3.gguf is an EAGLE-3 head" in err and "--draft eagle3" in err
     code, out, err = cli(
         ["generate", "-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "--draft", "eagle3", "-p", "hi"], capsys
     )
@@ -425,7 +426,7 @@ def test_serve_drafts_with_the_head(tiny, heads, tmp_path):
 
     s = Server(["-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "-t", "1", "-c", "1024", "--parallel", "0"], tmp_path)
     try:
-        assert "parallel 1: the EAGLE-3 head eagle3.gguf follows one sequence" in s.stderr
+        assert "parallel 1: eagle3.gguf (an EAGLE-3 head) follows one sequence" in s.stderr
         body = {"prompt": PROMPTS[1], "max_tokens": 32, "temperature": 0}
         speculative = {"n_max": K, "p_min": 0.0, "fixed": True}
         status, _, r = s.post("/v1/completions", {**body, "draft": "eagle3", "speculative": speculative})
