@@ -886,8 +886,8 @@ class DraftHead:
         for p in range(max(self.n_past, pos0, self.shift), pos0 + n) if self.own_cache else ():
             self._queue.append((tokens[p - pos0], p, self.state_before(p)))
         self.n_past = pos0 + n
-        if len(self._queue) >= self.n_batch:  # keep room in a batch for the queue and a draft token
-            self._feed(self.n_batch - 1)
+        if len(self._queue) >= self.n_batch:  # a batch's worth: feed it in one decode (keeping n_batch - 1 fed one a token)
+            self._feed()
         self.process_s += time.perf_counter() - t0
 
     def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> int:

@@ -1,4 +1,5 @@
-"""The target's own MTP heads as a draft source (``backend.MtpHeads``).
+"""MTP heads as a draft source: the target's own (``backend.MtpHeads``), or Gemma 4's, which come
+in a file of their own (``backend.Gemma4Assistant``).
 
 Nothing to load and nothing to catch up: the backend keeps the heads' cache in step with the
 target's (every target decode queues its tokens and hidden states for them, the first draft
