@@ -28,7 +28,7 @@ from typing import Any
 from .compat import VOCAB_CHECK_START_ID, first_token_differences
 from .errors import InputError, SpecrunError
 from .gguf_header import read_header
-from .heads import MTP_ARCHS, Heads, heads_of
+from .heads import MTP_ARCHS, HeadFile, Heads, head_file_of, heads_of
 from .modelinfo import ModelFacts, ModelInfo, model_info
 from .registry import Registry
 from .stores import Found, ScanLimits, StoreRoots, scan_stores, split_parts
@@ -48,6 +48,7 @@ class Summary(ModelFacts):
     mtp_heads: int = 0  # built-in MTP heads (heads.py), their weights and KV bytes per position
     mtp_bytes: int = 0
     mtp_kv_per_token: int = 0
+    draft_head: HeadFile | None = None  # a draft head in a file of its own: the target it is for (heads.py)
 
     @property
     def heads(self) -> Heads:
@@ -63,6 +64,7 @@ class Summary(ModelFacts):
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["path"] = str(self.path)
+        out["draft_head"] = self.draft_head.to_json() if self.draft_head is not None else None
         return out
 
     @classmethod
@@ -70,7 +72,8 @@ class Summary(ModelFacts):
         names = {f.name for f in fields(cls)}
         if set(d) != names:
             raise ValueError("fields differ")
-        return cls(**{**d, "path": Path(d["path"])})
+        h = d["draft_head"]
+        return cls(**{**d, "path": Path(d["path"]), "draft_head": HeadFile.from_json(h) if h is not None else None})
 
 
 def _token_bytes(tokens: Any, start: int, end: int) -> bytes:
@@ -100,6 +103,7 @@ def summarize(m: ModelInfo, size: int | None = None) -> Summary:
         mtp_heads=heads.count,
         mtp_bytes=heads.weights_bytes,
         mtp_kv_per_token=heads.kv_bytes_per_token,
+        draft_head=head_file_of(m),
     )
 
 
@@ -233,6 +237,7 @@ class Known:
             "tokenizer": s.tokenizer_model if s else None,
             "fingerprint": s.fingerprint[:16] if s else None,
             "mtp_heads": s.mtp_heads if s else None,
+            "draft_head": s.draft_head.to_json() if s and s.draft_head else None,
             "error": self.error,
         }
 

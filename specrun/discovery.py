@@ -7,9 +7,11 @@ token-text hashes settle the text rule without opening either file, so only near
 the first differing id as check-pair does.
 
 Ranking, most useful first: the target's own MTP heads when it carries them (trained with it,
-free to store and nearly free to run: see ``heads.py``), then the target's own architecture
-(same family, trained alike, so higher acceptance), then the smallest (drafting cost is roughly
-proportional to size).
+free to store and nearly free to run: see ``heads.py``), then draft heads trained for it in files
+of their own (EAGLE-3 heads, Gemma 4's MTP assistant; one for another target, by its hidden size
+or the layers it reads, cannot draft), then
+the target's own architecture (same family, trained alike, so higher acceptance), then the
+smallest (drafting cost is roughly proportional to size).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Candidate:
             "can_draft": not self.reason,
             "reason": self.reason or None,
             "failed_checks": [{"name": c.name, "detail": c.detail} for c in self.compat.failures],
+            "draft_head": self.summary.draft_head.to_json() if self.summary.draft_head else None,
         }
 
 
@@ -135,10 +138,14 @@ def find_drafts(target: Path, label: str, catalog: Catalog, cache: SummaryCache,
         c = Candidate(k, s, compat, estimate_local(s, "draft", n_ctx), ratio)
         if not compat.compatible:
             c.reason = short_reason(compat)
+        elif s.draft_head is not None:
+            c.reason = f"{s.draft_head.kind} for another target: {why}" if (why := s.draft_head.mismatch(t)) else ""
         elif s.weights_bytes >= t.weights_bytes:
             c.reason = f"same vocabulary, but not smaller than the target ({c.size_ratio:.2f}x its weights)"
         (report.cannot if c.reason else report.drafts).append(c)
-    report.drafts.sort(key=lambda c: (c.summary.architecture != t.architecture, c.summary.weights_bytes, c.known.label))
+    report.drafts.sort(
+        key=lambda c: (c.summary.draft_head is None, c.summary.architecture != t.architecture, c.summary.weights_bytes, c.known.label)
+    )
     # compatible-but-larger first: they are the closest misses
     report.cannot.sort(key=lambda c: (not c.compat.compatible, c.summary.tokenizer_model != t.tokenizer_model, c.known.label))
     cache.save()

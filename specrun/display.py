@@ -11,7 +11,7 @@ from rich.text import Text
 from .architecture import short_label
 from .catalog import Catalog
 from .discovery import DraftReport
-from .heads import Heads, heads_of
+from .heads import HeadFile, Heads, head_file_of, heads_of
 from .memory import Fit
 from .modelinfo import ModelInfo
 from .pair import PairReport
@@ -80,6 +80,8 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
     if h.count or h.stripped_note():
         use = "counted in the target's memory; --draft mtp drafts with them alone, hybrid (the default) chooses" if h.usable else ""
         parts.insert(1, heads_text(h, r.n_ctx, use))
+    if r.draft_head is not None:
+        parts.insert(1, head_file_text(r.draft_head, r.head_mismatch))
     if r.placement is not None:
         parts.append(Text(f"Placement: {describe(r.placement)}"))
         parts += [Text(f"warning: {n}", style="yellow") for n in r.placement.notes]
@@ -96,6 +98,8 @@ def pair_table(r: PairReport, name_of: Callable[[str], str] = lambda s: s) -> Gr
             reasons.append(f"incompatible vocabularies ({r.compat.reason()})")
         if not r.fit.fits:
             reasons.append(f"does not fit ({r.fit.short()})")
+        if r.head_mismatch:
+            reasons.append(f"the draft head is for another target ({r.head_mismatch})")
         verdict.append("; ".join(reasons) + ".")
         if not r.fit.fits:
             if r.fit.proposals:
@@ -122,6 +126,17 @@ def heads_text(h: Heads, n_ctx: int, use: str = "") -> Text:
     note = h.stripped_note()
     if note:
         t.append(f"\nnote: {note}", style="yellow")
+    return t
+
+
+def head_file_text(h: HeadFile, mismatch: str | None) -> Text:
+    """'draft: EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1): it fits this target; ...'"""
+    t = Text(f"draft: {h.describe()}: ")
+    if mismatch is None:
+        t.append("it fits this target", style="bold green")
+        t.append(f"; --draft {h.source} drafts with it alone, hybrid (the default) chooses")
+    else:
+        t.append(f"not this target's: {mismatch}", style="bold red")
     return t
 
 
@@ -230,6 +245,15 @@ def inspect_table(m: ModelInfo) -> Table:
         )
     elif h.stripped_note():
         rows.append(("draft heads", f"none: {h.stripped_note()}"))
+    d = head_file_of(m)
+    if d is not None:
+        if d.source == "eagle3":
+            borrows = [what for what, own in (("token embeddings", d.own_embeddings), ("output head", d.own_output)) if not own]
+            uses = f"; borrows the target's {' and '.join(borrows)}" if borrows else ""
+            uses += f"; guesses among {d.draft_vocab} tokens (d2t)" if d.draft_vocab else ""
+        else:
+            uses = "; attends over the target's KV cache and borrows its token embeddings"
+        rows.append(("draft head", d.describe() + uses))
     for k, v in rows:
         t.add_row(k, v)
     return t
@@ -271,11 +295,18 @@ def scan_table(c: Catalog) -> Table:
             t.add_row(refs, "-", Text("unreadable", style="red"), "-", "-", "-", k.error or "")
             continue
         parts = f" ({k.parts} parts)" if k.parts > 1 else ""
-        heads = f"MTP x{s.mtp_heads}" if s.mtp_heads else "-"  # built-in MTP heads
+        # built-in MTP heads, or the target an EAGLE-3 head is for
+        heads = f"MTP x{s.mtp_heads}" if s.mtp_heads else _head_file_short(s.draft_head) if s.draft_head else "-"
         t.add_row(
             refs, human_bytes(s.file_size) + parts, s.architecture, s.quant, f"{s.n_vocab} {s.tokenizer_model}", heads, s.fingerprint[:12]
         )
     return t
+
+
+def _head_file_short(h: HeadFile) -> str:
+    if h.source == "eagle3":
+        return f"EAGLE-3 for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}"
+    return f"MTP assistant for {h.target_hidden}-wide"
 
 
 def drafts_table(r: DraftReport) -> Group:

@@ -32,9 +32,9 @@ from .sources.model import Autoregressive
 from .stats import RoundStats, RunStats
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
-    from .backend import Model, MtpHeads
+    from .backend import Eagle3Head, Model, MtpHeads
 
-DRAFT_MODES = ("model", "ngram", "mtp", "hybrid", "none")
+DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 # llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
@@ -46,7 +46,7 @@ TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration s
 class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
-    mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | hybrid | none
+    mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | eagle3 (an EAGLE-3 head) | hybrid | none
     # the most drafts a round; left out (None), the mode's default, set at construction, so it is
     # an int from then on
     draft_max: int = cast(int, None)
@@ -80,11 +80,13 @@ class Settings:
 
     @property
     def sources(self) -> list[str]:
-        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "hybrid": ["ngram", "mtp", "model"], "none": []}[self.mode]
+        hybrid = ["ngram", "mtp", "model", "eagle3"]  # those at hand
+        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "eagle3": ["eagle3"], "hybrid": hybrid, "none": []}[self.mode]
 
     def without_draft_model(self, heads: bool = False) -> Settings:
         """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
-        or with the target's MTP heads when they are loaded (``heads``)."""
+        or with the draft heads when some are loaded (``heads``: the target's MTP heads, an
+        EAGLE-3 head)."""
         return dataclasses.replace(self, mode="ngram") if self.mode == "hybrid" and not heads else self
 
 
@@ -214,12 +216,16 @@ class Engine:
         cost: CostModel | None = None,
         learned: Learned | None = None,
         heads: MtpHeads | None = None,
+        eagle3: Eagle3Head | None = None,
     ):
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
         (its curve, unless ``cost`` is given, what each source learned, the near-tie rate);
-        ``heads``: the target's MTP heads, attached to it (a source of their own)."""
+        ``heads``: the target's MTP heads, ``eagle3``: an EAGLE-3 head, each attached to it
+        (a source of its own)."""
         if settings.mode == "mtp" and heads is None:
             raise UsageError("{mode} mtp needs the target's MTP heads loaded", "use another {mode}", "mode")
+        if settings.mode == "eagle3" and eagle3 is None:
+            raise UsageError("{mode} eagle3 needs an EAGLE-3 head", "give one ({draft_model}) or use another {mode}", "mode")
         if settings.mode == "model" and draft is None:
             raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
         if target.draft_limit is not None and target.draft_limit < settings.draft_max:  # a snapshot target undoes at most this many drafts
@@ -233,7 +239,7 @@ class Engine:
         self.sources: dict[str, Source] = draft_sources.build(
             settings.sources,
             draft_sources.Makings(
-                target, draft, heads, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
+                target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
             ),
         )
         for src in self.sources.values():

@@ -8,6 +8,10 @@ holds only those blocks. The trunk's own cache leaves them out, so a header's KV
 every block (``ModelInfo.kv_bytes``) already counts the heads' cache, and its weights count
 their tensors: :class:`Heads` says which part of each is theirs.
 
+An EAGLE-3 head (arch ``eagle3``) and Gemma 4's MTP assistant (arch ``gemma4-assistant``) are
+files of their own, each trained for one target: :class:`HeadFile` says for which (its hidden
+size, the layers it reads), so a wrong pairing is refused before anything loads.
+
 Nothing here loads weights: ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
 it in milliseconds.
 """
@@ -17,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    from .modelinfo import ModelInfo
+    from .modelinfo import ModelFacts, ModelInfo
 
 # architectures llama.cpp (at the vendored commit) has an MTP graph for; their released
 # checkpoints usually ship the heads, so a file of one of them without heads lost them in
@@ -97,11 +103,114 @@ class Heads:
 
 
 def heads_of(m: ModelInfo) -> Heads:
-    """The MTP heads ``m``'s header declares (their bytes from the tensors of those blocks)."""
-    count = max(0, min(m.n_nextn, m.n_layer))
+    """The MTP heads ``m``'s header declares (their bytes from the tensors of those blocks). A
+    head file (an assistant is all MTP blocks) has none of a trunk's: see :class:`HeadFile`."""
+    count = max(0, min(m.n_nextn, m.n_layer)) if m.architecture not in HEAD_FILE_ARCHS else 0
     first = m.n_layer - count
     prefixes = tuple(f"blk.{i}." for i in range(first, m.n_layer))
     weights = sum(t.nbytes for t in m.header.tensors if count and t.name.startswith(prefixes))
     per = m.head_dim_k + m.head_dim_v
     kv = sum(int(h * per * 2) for h in m.n_head_kv[first : m.n_layer]) if count else 0
     return Heads(m.architecture, count, first, weights, kv, m.architecture in MTP_ARCHS)
+
+
+# --- draft heads in a file of their own, for one target -----------------------------------------
+
+# architecture -> (the draft source it is, the target architecture it serves; None: any)
+HEAD_FILE_ARCHS = {"eagle3": ("eagle3", None), "gemma4-assistant": ("mtp", "gemma4")}
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """What the header of a draft head shipped as a GGUF of its own says about the target it
+    was trained for: an EAGLE-3 head (arch ``eagle3``) or Gemma 4's MTP assistant (arch
+    ``gemma4-assistant``).
+
+    An EAGLE-3 head drafts from three of its target's layer inputs at each position, fused by
+    its own encoder, and borrows the target's token embeddings and output head where the file
+    has none: it serves a target of the hidden size it was trained on
+    (``eagle3.target_hidden_size``) that has the layers it reads (``eagle3.target_layers``).
+    Gemma 4's assistant reads the target's final state (``{arch}.embedding_length_out`` wide)
+    and attends over its KV cache: it serves a Gemma 4 target of that width. Either, like any
+    draft, needs the target's vocabulary."""
+
+    architecture: str
+    target_hidden: int
+    target_layers: tuple[int, ...] = ()  # EAGLE-3: the target's layers it reads
+    own_embeddings: bool = False  # token_embd in the file (EAGLE-3: else the target's)
+    own_output: bool = False  # output in the file (EAGLE-3: else the target's head)
+    draft_vocab: int | None = None  # EAGLE-3's d2t: it guesses among this many tokens, mapped to the target's
+
+    @property
+    def source(self) -> str:
+        """The draft source it is: ``eagle3``, or ``mtp`` (an assistant is MTP heads in a file)."""
+        return HEAD_FILE_ARCHS[self.architecture][0]
+
+    @property
+    def kind(self) -> str:
+        return "an EAGLE-3 head" if self.source == "eagle3" else "Gemma 4's MTP assistant"
+
+    def describe(self) -> str:
+        """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29)'."""
+        if self.source == "eagle3":
+            layers = ", ".join(str(i) for i in self.target_layers)
+            return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers})"
+        return f"Gemma 4 MTP assistant for a {self.target_hidden}-wide {HEAD_FILE_ARCHS[self.architecture][1]} target"
+
+    def mismatch(self, t: ModelFacts) -> str | None:
+        """Why this head cannot draft for target ``t`` (from headers), or None. (llama.cpp can
+        also give an EAGLE-3 head a target's final state as the layer n_layer, through its MTP
+        output; specrun reads layer inputs only.)"""
+        want = HEAD_FILE_ARCHS[self.architecture][1]
+        if t.architecture in HEAD_FILE_ARCHS:
+            return f"{t.path.name} is a draft head itself, not a target"
+        if want is not None and t.architecture != want:
+            return f"it drafts for {want} targets, and {t.path.name} is {t.architecture}"
+        if self.target_hidden != t.n_embd:
+            return f"it was trained for a {self.target_hidden}-wide target, and {t.path.name} is {t.n_embd} wide"
+        if self.source == "eagle3":
+            if len(self.target_layers) != 3:
+                return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
+            if not all(0 <= i < t.n_layer for i in self.target_layers):
+                return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "architecture": self.architecture,
+            "source": self.source,
+            "target_hidden_size": self.target_hidden,
+            "target_layers": list(self.target_layers),
+            "own_embeddings": self.own_embeddings,
+            "own_output": self.own_output,
+            "draft_vocab": self.draft_vocab,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeadFile:
+        vocab = d["draft_vocab"]
+        return cls(str(d["architecture"]), int(d["target_hidden_size"]), tuple(int(i) for i in d["target_layers"]),
+                   bool(d["own_embeddings"]), bool(d["own_output"]), None if vocab is None else int(vocab))  # fmt: skip
+
+
+def head_file_of(m: ModelInfo) -> HeadFile | None:
+    """The draft head ``m``'s header describes (None: ``m`` is not one)."""
+    if m.architecture not in HEAD_FILE_ARCHS:
+        return None
+    arch = m.architecture
+    tensors = {t.name: t for t in m.header.tensors}
+    if HEAD_FILE_ARCHS[arch][0] == "mtp":  # the assistant's states are the target's final ones
+        hidden = m.header.get(f"{arch}.embedding_length_out")
+        return HeadFile(arch, int(hidden) if isinstance(hidden, (int, np.integer)) else 0, own_embeddings=True, own_output=True)
+    raw = m.header.get(f"{arch}.target_layers")
+    layers = tuple(int(i) for i in raw) if raw is not None and not isinstance(raw, (str, bytes)) else ()
+    hidden = m.header.get(f"{arch}.target_hidden_size")
+    d2t = tensors.get("d2t")
+    return HeadFile(
+        arch,
+        int(hidden) if isinstance(hidden, (int, np.integer)) else 0,
+        layers,
+        "token_embd.weight" in tensors,
+        "output.weight" in tensors,
+        int(d2t.shape[0]) if d2t is not None else None,
+    )

@@ -11,7 +11,7 @@ import numpy as np
 from .architecture import EVERY_LAYER, Architecture, describe
 from .errors import BadModelFile
 from .gguf_header import GGUFHeader, read_header
-from .heads import heads_of
+from .heads import head_file_of, heads_of
 
 try:  # the file-type names (MOSTLY_Q4_K_M ...) live in gguf's constants
     from gguf import LlamaFileType
@@ -165,6 +165,7 @@ class ModelInfo(ModelFacts):
             "chat_template": self.chat_template is not None,
             "kv_bytes_per_1k_ctx": self.kv_bytes(1024),
             "mtp_heads": heads_of(self).to_json(),
+            "draft_head": h.to_json() if (h := head_file_of(self)) is not None else None,
             "memory": self.arch.to_json(),
         }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .architecture import require_loadable
 from .compat import Compatibility, check_vocab
+from .heads import HeadFile, head_file_of
 from .memory import Dev, Fit, GpuQuery, local_devices
 from .modelinfo import ModelInfo, model_info
 from .placement import Placement, PlacementSettings, Settings, fit, plan, proposals
@@ -47,10 +48,12 @@ class PairReport:
     n_ctx: int
     suggestions: list[str] = field(default_factory=list)
     placement: Placement | None = None
+    draft_head: HeadFile | None = None  # the draft is a head in a file of its own: the target it was trained for
+    head_mismatch: str | None = None  # ... and why this target is not that one
 
     @property
     def ok(self) -> bool:
-        return self.compat.compatible and self.fit.fits
+        return self.compat.compatible and self.fit.fits and self.head_mismatch is None
 
     def to_json(self) -> dict:
         return {
@@ -65,6 +68,9 @@ class PairReport:
             "memory": self.fit.to_json(),
             "placement": self.placement.to_json() if self.placement else None,
             "suggested_drafts": self.suggestions,
+            "draft_head": {**self.draft_head.to_json(), "matches": self.head_mismatch is None, "mismatch": self.head_mismatch}
+            if self.draft_head is not None
+            else None,
         }
 
 
@@ -87,4 +93,6 @@ def check_pair(
     local, note = local_devices(gpu_query, available_ram)
     a = assess(s, list(remote or []) + local, t, d, note)
     assert a.compat is not None
-    return PairReport(t, d, a.compat, a.fit, s.n_ctx, placement=a.placement)
+    head = head_file_of(d)
+    mismatch = head.mismatch(t) if head is not None else None
+    return PairReport(t, d, a.compat, a.fit, s.n_ctx, placement=a.placement, draft_head=head, head_mismatch=mismatch)

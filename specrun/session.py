@@ -21,7 +21,7 @@ from .config import PairConfig
 from .costs import CostModel
 from .engine import Engine, Settings
 from .errors import IncompatiblePair, InputError, UsageError
-from .heads import Heads, heads_of
+from .heads import HEAD_FILE_ARCHS, Heads, head_file_of, heads_of
 from .inventory import connect
 from .learned import CostStore
 from .memory import Dev
@@ -32,7 +32,7 @@ from .registry import Registry, Resolved
 from .sampling import Sampler
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from .backend import Gate, Model, MtpHeads
+    from .backend import Eagle3Head, Gate, Model, MtpHeads
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
@@ -48,6 +48,9 @@ def can_share_context(t: ModelInfo, d: ModelInfo | None, heads: bool) -> str | N
     """Why these models cannot decode several sequences in one context (None: they can)."""
     if heads:
         return f"{t.path.name}'s MTP heads follow one sequence"
+    h = head_file_of(d) if d is not None else None
+    if d is not None and h is not None:
+        return f"{d.path.name} ({h.kind}) follows one sequence"
     for info in (t, d):
         if info is not None and info.arch.kind != "attention":
             return f"{info.path.name} has a recurrent state ({info.arch.kind})"
@@ -77,12 +80,15 @@ def require_file(r: Resolved) -> Resolved:
 def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: Settings) -> tuple[Resolved, Resolved | None, Settings]:
     """The target and draft files for these names, and the settings as they apply: hybrid
     drafts with the target's own MTP heads when it has them (its best free draft; the chooser
-    weighs them against a draft model named or registered beside them), and is the n-gram
-    lookup alone with neither at hand. ``{mode}
-    mtp`` on a target without heads is refused here, from its header, before anything loads."""
+    weighs them against what is named or registered beside them: a draft model, an EAGLE-3 head,
+    Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at hand. ``{mode} mtp``
+    on a target without heads (and no assistant given), a draft of the wrong kind for the mode,
+    and a head trained for another target are refused here, from their headers, before anything
+    loads."""
     target = require_file(reg.resolve(model))
-    heads = heads_of(model_info(target.path))
-    if settings.mode == "mtp":
+    t_info = model_info(target.path)
+    heads = heads_of(t_info)
+    if settings.mode == "mtp" and not draft_model:  # the target's own heads
         if not heads.usable:
             raise UsageError(
                 f"{{mode}} mtp needs built-in MTP heads, and {target.label} has {_no_heads(heads)}; "
@@ -90,22 +96,47 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
                 "use {mode} ngram, or give a draft model ({draft_model}) with {mode} model",
                 "draft",
             )
-        if draft_model:
-            raise UsageError("{mode} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {mode} hybrid", "mode")
         return target, None, settings
     draft = None
-    if "model" in settings.sources:
+    if settings.mode == "mtp" or "model" in settings.sources or "eagle3" in settings.sources:  # (mtp: an assistant is given)
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
         if d is None:
-            if settings.mode == "model":
+            if settings.mode in ("model", "eagle3"):
+                what = "EAGLE-3 head" if settings.mode == "eagle3" else "draft model"
                 raise UsageError(
-                    f"no draft model for {target.label}",
+                    f"no {what} for {target.label}",
                     "give one ({draft_model}), set `draft` in its registry entry, or use {mode} ngram",
                     "draft_model",
                 )
         else:
             draft = require_file(d)
+            _check_draft_kind(t_info, target, draft, settings)
     return target, draft, settings if draft is not None else settings.without_draft_model(heads.usable)
+
+
+_WANTS = {"model": "a draft model", "eagle3": "an EAGLE-3 head", "mtp": "an MTP assistant"}  # what -d must be, by mode
+
+
+def _check_draft_kind(t_info: ModelInfo, target: Resolved, draft: Resolved, settings: Settings) -> None:
+    """The draft file is of the kind the mode drafts with (a draft model, an EAGLE-3 head,
+    Gemma 4's MTP assistant; any for hybrid), and a head is one trained for this target."""
+    info = model_info(draft.path)
+    head = head_file_of(info)
+    source = head.source if head is not None else "model"
+    if settings.mode in _WANTS and source != settings.mode:
+        if settings.mode == "mtp" and heads_of(t_info).usable:
+            raise UsageError("{mode} mtp drafts with the target's own heads alone", "drop {draft_model}, or use {mode} hybrid", "mode")
+        what = head.kind if head is not None else f"a {info.architecture} model"
+        raise UsageError(
+            f"{{mode}} {settings.mode} needs {_WANTS[settings.mode]}, and {draft.label} is {what}",
+            f"use {{mode}} {source} or {{mode}} hybrid" if head is not None else "give one ({draft_model}), or use {mode} model",
+            "draft_model",
+        )
+    why = head.mismatch(t_info) if head is not None else None
+    if head is not None and why:
+        raise UsageError(
+            f"{draft.label} ({head.kind}) cannot draft for {target.label}: {why}", "give the head trained for this target", "draft_model"
+        )
 
 
 def uses_heads(target: Path, settings: Settings, draft: Path | None) -> bool:
@@ -123,6 +154,9 @@ def _no_heads(h: Heads) -> str:
 def _sources(reg: Registry, target: Resolved) -> list[str]:
     """The draft sources a target without usable heads does have, in words."""
     out = ["ngram (prompt lookup)"]
+    arch = model_info(target.path).architecture
+    if any(want == arch for source, want in HEAD_FILE_ARCHS.values() if source == "mtp"):
+        out.append("mtp (with the MTP assistant file you give, mtp-*.gguf)")
     d = reg.default_draft(target)
     out.append(f"model (its registry draft {d.label})" if d is not None else "model (with a draft model you give)")
     return out
@@ -137,24 +171,34 @@ class OpenPair:
     notices: list[str] = field(default_factory=list)
     cost_key: str = ""
     heads: MtpHeads | None = None  # the target's own MTP heads, loaded and attached to it
+    eagle3: Eagle3Head | None = None  # an EAGLE-3 head given as the draft, loaded and attached to it
     labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
     placement: Placement | None = None
     workers: tuple[str, ...] = ()  # the RPC workers in use
     parallel: int = 1  # sequences the contexts were made for (Model.sequence)
     gate: Gate | None = None  # where those sequences' decodes meet (parallel > 1)
 
+    def settings_for(self, settings: Settings) -> Settings:
+        """``settings`` as they apply to this pair: hybrid without a draft model is the n-gram
+        lookup, with whatever heads are loaded (the target's MTP heads, an EAGLE-3 head)."""
+        if self.draft is not None:
+            return settings
+        return settings.without_draft_model(self.heads is not None or self.eagle3 is not None)
+
     def close(self) -> None:
         if self.draft is not None:
             self.draft.close()
-        self.target.close()
+        self.target.close()  # and the heads attached to it
 
 
 def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads: bool = False) -> OpenPair:
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
     place both models, check the fit per device, then load both; with ``heads``, the target's
-    MTP heads too (their weights and KV are in the target's estimate already)."""
+    MTP heads too (their weights and KV are in the target's estimate already). A draft that is
+    a head in a file of its own (an EAGLE-3 head, Gemma 4's MTP assistant) is placed and fitted
+    as a draft, and loaded beside the target, attached to it."""
     from . import backend
-    from .backend import LoadOptions, Model, MtpHeads
+    from .backend import Eagle3Head, Gemma4Assistant, LoadOptions, Model, MtpHeads
 
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
@@ -197,41 +241,49 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     if placement.target.devices or (placement.draft is not None and placement.draft.devices):
         notices.append(f"placement: {describe(placement)}")
 
-    def load(path: Path, where, n_outputs_max: int, load_mtp: bool = False) -> Model:
-        return Model(
-            path,
-            LoadOptions(
-                n_ctx=cfg.n_ctx,
-                n_gpu_layers=where.gpu_layers,
-                n_threads=cfg.threads,
-                n_outputs_max=n_outputs_max,
-                devices=where.devices,
-                split_mode=where.split_mode,
-                main_gpu=where.main_gpu,
-                tensor_split=where.split if len(where.devices) > 1 else None,
-                verbose=cfg.verbose,
-                load_mtp=load_mtp,
-                n_seq_max=n_seq,
-            ),
+    def options(where, n_outputs_max: int, load_mtp: bool = False) -> LoadOptions:
+        return LoadOptions(
+            n_ctx=cfg.n_ctx,
+            n_gpu_layers=where.gpu_layers,
+            n_threads=cfg.threads,
+            n_outputs_max=n_outputs_max,
+            devices=where.devices,
+            split_mode=where.split_mode,
+            main_gpu=where.main_gpu,
+            tensor_split=where.split if len(where.devices) > 1 else None,
+            verbose=cfg.verbose,
+            load_mtp=load_mtp,
+            n_seq_max=n_seq,
         )
 
-    target = load(target_path, placement.target, 64 * n_seq, load_mtp=heads)
+    target = Model(target_path, options(placement.target, 64 * n_seq, load_mtp=heads))
     draft = None
     mtp = None
+    eagle3 = None
     try:
         if heads:
             mtp = MtpHeads(target)
         if draft_path is not None and placement.draft is not None:
-            draft = load(draft_path, placement.draft, n_seq)
+            head = head_file_of(d_info) if d_info is not None else None
+            if head is not None and head.source == "eagle3":
+                eagle3 = Eagle3Head(target, draft_path, options(placement.draft, n_seq))
+            elif head is not None:
+                mtp = Gemma4Assistant(target, draft_path, options(placement.draft, n_seq))
+            else:
+                draft = Model(draft_path, options(placement.draft, n_seq))
     except BaseException:
         target.close()
         raise
     for role, m in (("target", target), ("draft", draft)):
         if m is not None and m.offload.reported and m.offload.layers:
             notices.append(f"{role}: {m.offload.layers}/{m.offload.total} layers offloaded")
-    if mtp is not None:
+    if isinstance(mtp, Gemma4Assistant):
+        notices.append(f"drafting with Gemma 4's MTP assistant {mtp.path.name} ({mtp.n_heads} blocks)")
+    elif mtp is not None:
         notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads})")
-    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, parallel=n_seq)
+    if eagle3 is not None:
+        notices.append(f"drafting with the EAGLE-3 head {eagle3.path.name} (it reads the target's layers {list(eagle3.layers)})")
+    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, eagle3=eagle3, parallel=n_seq)
     p.gate = backend.Gate() if n_seq > 1 else None
     p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
@@ -282,7 +334,7 @@ def open_engine(
     ``on_notice`` hears, in one line each, that a calibration starts (it takes seconds) and
     that one was disturbed (its curve serves this run only)."""
     learned = store.load(pair.cost_key)
-    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads)
+    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads, eagle3=pair.eagle3)
     if settings.sources and not settings.fixed and (recalibrate or not engine.cost.verify):
         if on_notice is not None:
             on_notice("measuring this machine's verify costs (stored for next time)...")

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         err = stderr()
         pair = load_pair(opts, err)
         try:
-            settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model(pair.heads is not None)
+            settings = pair.settings_for(opts.settings)
             store = cost_store()
             engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
             try:

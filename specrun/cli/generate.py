@@ -104,7 +104,7 @@ def _run(
         prompt_tokens = chat_prompt(pair, messages, warn)
     else:
         prompt_tokens = pair.target.tokenize(text, add_special=True, parse_special=True)
-    settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model(pair.heads is not None)
+    settings = pair.settings_for(opts.settings)
     store = cost_store()
     engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     out_tokens: list[int] = []

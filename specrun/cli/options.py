@@ -149,8 +149,9 @@ DRAFTING = (
         Settings,
         "mode",
         ("--draft",),
-        "Drafter: model, ngram, mtp (the target's own MTP heads), hybrid (n-gram when it has a guess, else the draft "
-        "model, or the target's MTP heads when it has them and no -d is given) or none (plain decoding).",
+        "Drafter: model, ngram, mtp (the target's own MTP heads, or Gemma 4's assistant given with -d), eagle3 (the "
+        "EAGLE-3 head given with -d), hybrid (each round, the best of the n-gram lookup, the target's MTP heads and what "
+        "-d gives) or none (plain decoding).",
         str,
     ),
     _flag(

@@ -163,7 +163,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     from ..server.run import address, serve
 
     where, port = address(sock)
-    settings = opts.settings if pair.draft is not None else opts.settings.without_draft_model(pair.heads is not None)
+    settings = pair.settings_for(opts.settings)
     store = cost_store()
     engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
     resolved = load_registry(opts.registry).resolve(opts.model)

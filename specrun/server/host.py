@@ -382,8 +382,7 @@ class Host:
 
     def _engine(self, slot: _Slot, settings: Settings, sampler: Sampler) -> Engine:
         """The slot's engine for these settings (made on first use, sharing the models and costs)."""
-        if self.pair.draft is None:
-            settings = settings.without_draft_model(self.pair.heads is not None)
+        settings = self.pair.settings_for(settings)
         key = _engine_key(settings, sampler)
         engines = slot.engines
         engine = engines.get(key)
@@ -395,6 +394,7 @@ class Host:
                 dataclasses.replace(sampler, seed=None),
                 self._cost(slot),
                 heads=self.pair.heads,
+                eagle3=self.pair.eagle3,
             )
             if settings.sources and not settings.fixed and not self.cost.verify:
                 self.observer.notice("measuring this machine's verify costs once (cached for next time)...")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .base import Outcome, Source
+from .eagle3 import Eagle3Source
 from .model import ModelSource
 from .mtp import MtpSource
 from .ngram import NgramSource
@@ -17,11 +18,11 @@ from .ngram import NgramSource
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..backend import Model, MtpHeads
+    from ..backend import Eagle3Head, Model, MtpHeads
     from ..costs import CostModel
     from ..sampling import Sampler
 
-__all__ = ["ModelSource", "MtpSource", "NgramSource", "Outcome", "Source", "build"]
+__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "Outcome", "Source", "build"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Makings:
     target: Model
     draft: Model | None
     heads: MtpHeads | None
+    eagle3: Eagle3Head | None
     sampler: Sampler
     rng: np.random.Generator
     cost: CostModel
@@ -43,6 +45,7 @@ MAKERS: dict[str, Callable[[Makings], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram, ends_line=lambda t: b"\n" in m.target.piece(t)),
     "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.draft else None,
     "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.heads else None,
+    "eagle3": lambda m: Eagle3Source(m.eagle3, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.eagle3 else None,
 }
 
 

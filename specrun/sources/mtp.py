@@ -1,4 +1,5 @@
-"""The target's own MTP heads as a draft source (``backend.MtpHeads``).
+"""MTP heads as a draft source: the target's own (``backend.MtpHeads``), or Gemma 4's, which come
+in a file of their own (``backend.Gemma4Assistant``).
 
 Nothing to load and nothing to catch up: the backend keeps the heads' cache in step with the
 target's (every target decode queues its tokens and hidden states for them, the first draft
@@ -20,14 +21,14 @@ from ..sampling import Sampler
 from .model import Autoregressive
 
 if TYPE_CHECKING:
-    from ..backend import MtpHeads
+    from ..backend import DraftHead
     from ..costs import CostModel
 
 
 class MtpSource(Autoregressive):
     name = "mtp"
 
-    def __init__(self, heads: MtpHeads, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
+    def __init__(self, heads: DraftHead, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
         super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
         self.heads = heads
 

@@ -1,0 +1,440 @@
+"""An EAGLE-3 head as the draft (``-d eagle3-head.gguf``), on a tiny taught head over tiny_models'
+llama target (tests/tiny_eagle3.py), through the real llama.cpp: what the header says
+(inspect, check-pair, drafts, models --scan), the one-line refusals (a head for another target,
+a head where a draft model is asked for and back), and the head drafting through the engine:
+exact greedy output, the head's context in step with the target after every round (its KV
+length, its pending state, and its next guess against a head that caught up from scratch),
+chat turns, the chooser weighing it with the n-gram lookup, sampling that keeps the target's
+distribution, and tokens counted by source."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_eagle3 import N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, write_eagle3
+from tiny_models import bpe_vocab
+
+from specrun.backend import Eagle3Head, LoadOptions, Model, MtpHeads
+from specrun.cli.main import main
+from specrun.costs import CostModel
+from specrun.engine import Engine, Settings
+from specrun.errors import EXIT_FAIL, EXIT_USAGE, UsageError
+from specrun.heads import HeadFile, head_file_of
+from specrun.modelinfo import model_info
+from specrun.sampling import Sampler
+from specrun.server.metrics import Metrics
+
+K = 6  # drafts per round
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The",
+    "def fibonacci(n: int) -> int:\n    if n < 2:",
+    "今日はとても良い天気です。私は",
+]
+N_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def heads(tmp_path_factory) -> dict[str, Path]:
+    return build_eagle3(tmp_path_factory.mktemp("eagle3"))
+
+
+def load(path: Path, head: Path) -> Model:
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64))
+    Eagle3Head(m, head)
+    return m
+
+
+@pytest.fixture(scope="module")
+def target(tiny, heads):
+    m = load(tiny["target"], heads["eagle3"])
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def fresh(tiny, heads):
+    """A second copy, to catch up from scratch and compare with."""
+    m = load(tiny["target"], heads["eagle3"])
+    yield m
+    m.close()
+
+
+def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, sampler: Sampler | None = None, on_step=None, cost=None):
+    """One generation from a clean cache; the tokens and the run's stats."""
+    target.reset()
+    e = Engine(target, None, settings, sampler or Sampler(0.0), cost or CostModel(), heads=target.heads, eagle3=target.eagle3)
+    out, stats = [], None
+    for step in e.generate(prompt, n):
+        out += step.tokens
+        stats = step.stats
+        if on_step is not None:
+            on_step(e, step)
+    return out, stats
+
+
+def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
+    """The head accounts for exactly the target's positions (in its cache, or queued for it),
+    its pending state is the target's layer inputs at the last cached position, and its next
+    guess equals that of a head that caught up with the same sequence in one batch."""
+    h, f = target.eagle3, fresh.eagle3
+    assert h is not None and f is not None
+    assert target.n_past == h.n_past == h.cached + h.queued == len(seq) - 1
+    assert h.queued <= K + 1  # what the last verify kept, not yet fed
+    assert target.tokens == seq[:-1]
+    fresh.reset()
+    fresh.eval(seq[:-1], logits="none")
+    np.testing.assert_allclose(h.state_before(h.n_past), f.state_before(f.n_past), atol=2e-3)
+    got = h.draft_step(seq[-1]).copy()
+    h.end_draft()
+    want = f.draft_step(seq[-1]).copy()
+    f.end_draft()
+    np.testing.assert_allclose(got, want, atol=2e-2)
+    assert h.cached == h.n_past and h.queued == 0  # the queue went in with the draft step, whose positions are forgotten again
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- the header ---------------------------------------------------------------------------
+
+
+def test_the_header_says_which_target_the_head_is_for(tiny, heads):
+    e = head_file_of(model_info(heads["eagle3"]))
+    assert e == HeadFile("eagle3", N_EMBD, TARGET_LAYERS, False, False, None) and e.source == "eagle3"
+    assert e.describe() == "EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1)"
+    assert e.mismatch(model_info(tiny["target"])) is None
+    assert "128-wide target" in (head_file_of(model_info(heads["eagle3-wide"])).mismatch(model_info(tiny["target"])) or "")
+    assert "has 1 (0..0)" in (e.mismatch(model_info(tiny["draft-small"])) or "")  # one block: no layer 1 to read
+    assert head_file_of(model_info(tiny["target"])) is None
+
+
+def test_inspect_shows_the_head(heads, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, _ = cli(["inspect", str(heads["eagle3"])], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1)" in text
+    assert "borrows the target's token embeddings and output head" in text
+    code, out, _ = cli(["inspect", str(heads["eagle3"]), "--json"], capsys)
+    assert json.loads(out)["draft_head"]["target_layers"] == list(TARGET_LAYERS)
+
+
+def test_check_pair_says_whether_the_head_fits_the_target(tiny, heads, capsys):
+    code, out, _ = cli(["check-pair", "-m", str(tiny["target"]), "-d", str(heads["eagle3"])], capsys)
+    assert code == 0 and "it fits this target" in " ".join(out.split())
+    code, out, _ = cli(["check-pair", "-m", str(tiny["target"]), "-d", str(heads["eagle3-wide"])], capsys)
+    text = " ".join(out.split())
+    assert code == EXIT_FAIL and "not this target's" in text and "128-wide target" in text and "NO:" in text
+    code, out, _ = cli(["check-pair", "-m", str(tiny["target"]), "-d", str(heads["eagle3-wide"]), "--json"], capsys)
+    report = json.loads(out)
+    assert not report["ok"] and report["compatible"] and not report["draft_head"]["matches"]
+
+
+def test_drafts_and_models_scan_mark_the_heads(tiny, heads, tmp_path, monkeypatch, capsys):
+    """A head for the target is listed first among its drafts; one for another target cannot
+    draft, and says why; ``models --scan`` names the target each head is for."""
+    cache = tmp_path / "llama-cache"
+    cache.mkdir()
+    for name, path in [("target", tiny["target"]), ("draft-small", tiny["draft-small"]), *heads.items()]:
+        (cache / f"{name}.gguf").symlink_to(path)
+    for var in ("OLLAMA_MODELS", "LMSTUDIO_MODELS", "HF_HUB_CACHE"):
+        monkeypatch.setenv(var, str(tmp_path / "empty"))
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    monkeypatch.setenv("SPECRUN_MODELS_DIR", str(tmp_path / "no-models"))
+    code, out, _ = cli(["drafts", str(tiny["target"]), "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0
+    assert [Path(d["path"]).name for d in report["drafts"]] == ["eagle3.gguf", "draft-small.gguf"]
+    assert report["drafts"][0]["draft_head"]["target_hidden_size"] == N_EMBD
+    wide = next(c for c in report["cannot_draft"] if Path(c["path"]).name == "eagle3-wide.gguf")
+    assert "an EAGLE-3 head for another target" in wide["reason"] and "128-wide" in wide["reason"]
+    monkeypatch.setenv("COLUMNS", "250")
+    _, out, _ = cli(["models", "--scan"], capsys)
+    rows = [line for line in out.splitlines() if "eagle3" in line]
+    assert len(rows) == 2 and all("EAGLE-3 for" in line for line in rows), out
+    assert any(f"EAGLE-3 for {WIDE}-wide" in line for line in rows)
+
+
+# --- refusals, from the headers -------------------------------------------------------------
+
+
+def one_line(err: str) -> str:
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    return line
+
+
+def test_a_head_for_another_target_is_one_line_exit_2(tiny, heads, capsys):
+    for mode in ("hybrid", "eagle3"):
+        argv = ["generate", "-m", str(tiny["target"]), "-d", str(heads["eagle3-wide"]), "--draft", mode, "-p", "hi", "-n", "4"]
+        code, out, err = cli(argv, capsys)
+        assert code == EXIT_USAGE and out == ""
+        line = one_line(err)
+        assert "eagle3-wide.gguf (an EAGLE-3 head) cannot draft for" in line and "128-wide" in line, line
+
+
+def test_a_head_and_a_draft_model_are_not_mistaken_for_each_other(tiny, heads, capsys):
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "--draft", "model", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and out == "" and "--draft model needs a draft model, and" in one_line(err)
+    assert "eagle3.gguf is an EAGLE-3 head" in err and "--draft eagle3" in err
+    code, out, err = cli(
+        ["generate", "-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "--draft", "eagle3", "-p", "hi"], capsys
+    )
+    assert code == EXIT_USAGE and "--draft eagle3 needs an EAGLE-3 head" in one_line(err) and "llama model" in err
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "--draft", "eagle3", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and "no EAGLE-3 head for" in one_line(err)
+
+
+def test_the_backend_refuses_a_head_whose_layers_the_target_lacks(tiny, heads, tmp_path):
+    deep = write_eagle3(
+        tmp_path / "deep.gguf", vocab=bpe_vocab(), weights=dict(eagle3_weights_for_tests()), target_layers=(0, 1, 5), name="deep"
+    )
+    with Model(tiny["target"], LoadOptions(n_ctx=256, n_threads=1, n_batch=64)) as m:
+        with pytest.raises(UsageError, match=r"reads the target's layers \[0, 1, 5\]"):
+            Eagle3Head(m, deep)
+        assert m.eagle3 is None
+
+
+def eagle3_weights_for_tests():
+    from tiny_eagle3 import eagle3_weights
+    from tiny_models import TARGET_SEED, make_weights
+
+    return eagle3_weights(make_weights(TARGET_SEED, len(bpe_vocab())))
+
+
+# --- drafting through the engine ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return {p: run(target, Settings("none"), target.tokenize(p))[0] for p in PROMPTS}
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_eagle3_equals_plain(target, fresh, plain, prompt):
+    """64 tokens with the head alone (every round drafts up to K tokens) come out as plain
+    decoding's, and after every round the head is in step with the target."""
+    seen = Counter()
+
+    def on_step(e: Engine, step) -> None:
+        r = step.round
+        seen["accept"] += r.accepted > 0
+        seen["reject"] += r.accepted < r.drafted
+        check_in_step(target, fresh, e.tokens)
+
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
+    assert out == plain[prompt]
+    assert stats.by_source["eagle3"][2] > 0 and seen["accept"] and seen["reject"]
+
+
+def test_the_first_guess_agrees_with_the_target_often(target, plain):
+    """The taught head's first guess is the target's next token a good part of the time (a
+    head reading the wrong layer rows, or fed at the wrong position, agrees about never)."""
+    prompt = target.tokenize(PROMPTS[1])
+    seq = prompt + plain[PROMPTS[1]]
+    target.reset()
+    hits = 0
+    for n in range(len(prompt), len(seq) - 1):
+        target.eval(seq[target.n_past : n], logits="none")
+        hits += int(np.argmax(target.eagle3.draft_step(seq[n]))) == seq[n + 1]
+        target.eagle3.end_draft()
+    assert hits >= 0.25 * (len(seq) - 1 - len(prompt)), hits
+
+
+def test_a_prompt_of_several_batches(target, fresh):
+    """A prompt over three times the batch size: the target prefills it in chunks, and the
+    head catches up chunk by chunk (never more than a batch queued); exact and in step."""
+    prompt = target.tokenize(" ".join(PROMPTS) * 4)
+    assert len(prompt) > 3 * target.n_batch
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
+    assert out == run(target, Settings("none"), prompt, n=24)[0]
+
+
+def test_near_ties_keep_the_head_in_step(target, fresh, plain):
+    """A wide tie margin makes most rounds stop at a near-tie (a deferred position): still the
+    plain output, still in step."""
+    ties = []
+
+    def on_step(e, step):
+        ties.append(step.round.ties)
+        check_in_step(target, fresh, e.tokens)
+
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True, tie_margin=3.0)
+    out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
+    assert out == plain[PROMPTS[0]] and sum(ties) >= 5
+
+
+# a verify that costs 10 ms whatever its size, as on a large memory-bound target: drafting with
+# the head (a fraction of a millisecond a token) pays, and the chooser should see it
+FLAT = {b: 0.01 for b in range(1, 34)}
+
+
+def test_hybrid_chooses_among_ngram_and_the_head(target, plain):
+    """The default mode with an EAGLE-3 head: the n-gram lookup and the head, chosen by the
+    controller; exact either way. Where verifying is dear, it drafts with the head."""
+    s = Settings("hybrid", draft_max=K)
+    used = Counter()
+    for prompt in PROMPTS:
+        target.reset()
+        e = Engine(target, None, s, Sampler(0.0), CostModel(dict(FLAT)), eagle3=target.eagle3)
+        assert list(e.sources) == ["ngram", "eagle3"]
+        out, stats = [], None
+        for step in e.generate(target.tokenize(prompt), N_TOKENS):
+            out += step.tokens
+            stats = step.stats
+        assert out == plain[prompt]
+        assert set(stats.by_source) <= {"eagle3", "ngram", "none"}
+        used.update({k: v[0] for k, v in stats.by_source.items()})
+    assert used["eagle3"] > 0, used
+
+
+def test_chat_turns_keep_the_head_in_step(target, fresh):
+    """A second turn extends the sequence (the cache keeps the first), a third goes back into
+    the first prompt (the cache keeps a prefix, and the head the same one): the head stays in
+    step, and every turn matches plain decoding's."""
+    user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
+
+    def turns(settings: Settings, check: bool) -> list[list[int]]:
+        target.reset()
+        e = Engine(target, None, settings, Sampler(0.0), CostModel(), eagle3=target.eagle3)
+        out = []
+        first = target.tokenize(PROMPTS[0])
+        for prompt in (first, None, first[:-3] + user):
+            prompt = prompt or e.tokens + user
+            got = []
+            for step in e.generate(prompt, 24):
+                got += step.tokens
+                if check:
+                    check_in_step(target, fresh, e.tokens)
+            out.append(got)
+        return out
+
+    assert turns(Settings("eagle3", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
+
+
+def test_a_head_attached_late_catches_up(tiny, heads, target):
+    """A head attached to a target that holds a sequence already starts from it."""
+    prompt = target.tokenize(PROMPTS[1])
+    with Model(tiny["target"], LoadOptions(n_ctx=1024, n_threads=1, n_batch=64)) as late:
+        late.eval(prompt[:-1], logits="none")
+        h = Eagle3Head(late, heads["eagle3"])
+        assert late.eagle3 is h and h.n_past == late.n_past == len(prompt) - 1
+        target.reset()
+        target.eval(prompt[:-1], logits="none")
+        got = h.draft_step(prompt[-1]).copy()
+        want = target.eagle3.draft_step(prompt[-1]).copy()
+        h.end_draft()
+        target.eagle3.end_draft()
+        np.testing.assert_allclose(got, want, atol=2e-2)
+    assert late.eagle3 is None and h._ctx is None  # closed with its target
+
+
+def test_sampling_keeps_the_targets_distribution(target):
+    """At temperature 1.5, unfiltered, the first token drawn with the head's drafts (its guess
+    accepted with probability min(1, p/q), or a draw from the residual) follows the target's
+    own law: 600 seeded runs, binned into the target's 8 likeliest tokens and the rest, against
+    what 600 draws from the exact law score (total variation distance)."""
+    prompt = target.tokenize(PROMPTS[0])
+    sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
+    target.reset()
+    first = sampler.dist(target.eval(prompt, logits="last")[0].copy())
+    top = [int(x) for x in first.ids[np.argsort(-first.probs)[:8]]]
+    p = np.array([first.prob(x) for x in top] + [0.0])
+    p[-1] = 1.0 - p.sum()
+    n = 600
+    counts = np.zeros(len(p))
+    accepted = 0
+    s = Settings("eagle3", draft_max=3, p_min=0.0, fixed=True)
+    for seed in range(n):
+        out, stats = run(target, s, prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed))
+        counts[top.index(out[0]) if out[0] in top else -1] += 1
+        accepted += stats.n_accepted
+    assert accepted > n / 20  # the head's guesses were kept often enough to matter
+    tv = 0.5 * np.abs(counts / n - p).sum()
+    noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
+    assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+
+
+def test_tokens_by_source_reach_stats_and_metrics(target):
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    _, stats = run(target, s, target.tokenize(PROMPTS[1]), n=32)
+    rounds, drafted, accepted = stats.by_source["eagle3"]
+    assert rounds and drafted >= accepted >= 0
+    assert stats.to_json()["by_source"]["eagle3"] == {"rounds": rounds, "drafted": drafted, "accepted": accepted}
+    m = Metrics(lambda: 0, lambda: False)
+    m.observe(stats)
+    assert f'specrun_draft_tokens_total{{source="eagle3"}} {float(drafted)}' in m.text().decode()
+
+
+def test_generate_with_the_head_from_the_cli(tiny, heads, capsys):
+    """`generate -d eagle3-head.gguf`: the head is loaded beside the target, and the text is
+    plain decoding's."""
+    base = ["generate", "-m", str(tiny["target"]), "-t", "1", "-p", PROMPTS[1], "-n", "32", "--json"]
+    code, out, err = cli([*base, "-d", str(heads["eagle3"]), "--draft", "eagle3", "--draft-max", str(K), "--fixed"], capsys)
+    assert code == 0, err
+    with_head = json.loads(out)
+    assert "drafting with the EAGLE-3 head eagle3.gguf" in err
+    assert with_head["stats"]["by_source"]["eagle3"]["rounds"] > 0
+    code, out, _ = cli([*base, "--draft", "none"], capsys)
+    assert code == 0 and json.loads(out)["tokens"] == with_head["tokens"]
+
+
+def test_the_head_beside_the_targets_own_mtp_heads(tmp_path):
+    """Both kinds of heads on one target (a qwen35 with an MTP head, whose recurrent layers
+    roll back by snapshots): the default mode weighs the n-gram lookup, the MTP heads and the
+    EAGLE-3 head, every rollback moves both heads, and the output is plain decoding's."""
+    from tiny_mtp import build_mtp
+
+    mtp = build_mtp(tmp_path / "mtp")["mtp"]
+    head = write_eagle3(tmp_path / "eagle3-qwen35.gguf", vocab=bpe_vocab(), weights=eagle3_weights_for_tests(), name="eagle3-qwen35")
+    with Model(mtp, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64, load_mtp=True, rollback_depth=K)) as m:
+        MtpHeads(m)
+        Eagle3Head(m, head)
+        prompt = m.tokenize(PROMPTS[1])
+        plain_out, _ = run(m, Settings("none"), prompt)
+
+        def in_step(e, step):
+            assert m.n_past == m.heads.n_past == m.eagle3.n_past == m.eagle3.cached + m.eagle3.queued == len(e.tokens) - 1
+
+        m.reset()
+        e = Engine(m, None, Settings("hybrid", draft_max=K), Sampler(0.0), CostModel(dict(FLAT)), heads=m.heads, eagle3=m.eagle3)
+        assert list(e.sources) == ["ngram", "mtp", "eagle3"]
+        out = []
+        for step in e.generate(prompt, N_TOKENS):
+            out += step.tokens
+            in_step(e, step)
+        assert out == plain_out
+        for s in ("eagle3", "mtp"):
+            out, stats = run(m, Settings(s, draft_max=K, p_min=0.0, fixed=True), prompt, on_step=in_step)
+            assert out == plain_out and stats.by_source[s][1] > 0
+
+
+def test_serve_drafts_with_the_head(tiny, heads, tmp_path):
+    """`serve -d eagle3-head.gguf`: one sequence (the head follows one), a request that asks for
+    the head drafts with it (counted as source eagle3 in /metrics), and its text is what a plain
+    request gets."""
+    from serve_helpers import Server
+
+    s = Server(["-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "-t", "1", "-c", "1024", "--parallel", "0"], tmp_path)
+    try:
+        assert "parallel 1: eagle3.gguf (an EAGLE-3 head) follows one sequence" in s.stderr
+        body = {"prompt": PROMPTS[1], "max_tokens": 32, "temperature": 0}
+        speculative = {"n_max": K, "p_min": 0.0, "fixed": True}
+        status, _, r = s.post("/v1/completions", {**body, "draft": "eagle3", "speculative": speculative})
+        assert status == 200, r
+        assert r["timings"]["draft_n"] > 0
+        assert s.metrics().get('specrun_rounds_total{source="eagle3"}', 0) > 0
+        status, _, plain_r = s.post("/v1/completions", {**body, "draft": "none"})
+        assert status == 200 and plain_r["choices"][0]["text"] == r["choices"][0]["text"]
+    finally:
+        assert s.stop() == 143, s.stderr
+    assert "Traceback" not in s.stderr, s.stderr

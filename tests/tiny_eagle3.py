@@ -1,0 +1,154 @@
+"""A tiny EAGLE-3 head (arch ``eagle3``) over tiny_models' llama target, for the real llama.cpp.
+
+An EAGLE-3 head is a one-block decoder beside the target. At its position P it is fed the token
+at P + 1 and ``g[P]``, its encoder's fusion (``fc``) of three of the target's layer inputs at P
+(``eagle3.target_layers``), and it guesses the token at P + 2. This one has no token embeddings
+or output head of its own: it borrows the target's, through ``ctx_other``, as the released
+Llama-3.1-8B heads do.
+
+Nobody trained it, so it is *taught* (as tests/tiny_mtp.py's MTP head is) to guess what the
+target says after the token it is fed:
+
+* its attention looks at its own position: the queries and keys are the same large multiple
+  of the fed token's normed embedding, so a position scores itself (or an earlier copy of the
+  same token) far above the others, and the value passes that embedding through;
+* its FFN is the target's first block's FFN, so it adds what the target's first block adds;
+* ``g`` (a random ``fc``) enters the residual stream normed and scaled to G_SCALE of the
+  embedding's size (``eagle3.norm_before_residual``, the RedHat speculators' form): the head's
+  guesses depend on the target's layer inputs, so features read at the wrong rows change them.
+  Normed, a guess's own output state, fed back as the next ``g``, weighs no more than the
+  target's did, so the head drafts on past its first guess as well as it starts.
+
+The target's next token also depends on the context (its attention, its second block), which
+the head does not see: it is right a good part of the time, not always, so the tests see
+accepts and rejects.
+
+    paths = build_eagle3(tmp_dir, target_path)   # {"eagle3": Path, "eagle3-wide": Path}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType
+from tiny_models import (
+    CONTEXT_LENGTH,
+    HEAD_DIM,
+    N_EMBD,
+    N_FF,
+    N_HEAD,
+    RMS_EPS,
+    ROPE_FREQ_BASE,
+    TARGET_SEED,
+    Vocab,
+    Weights,
+    add_vocab,
+    bpe_vocab,
+    make_weights,
+)
+
+TARGET_LAYERS = (0, 1, 1)  # the target's layer inputs the head reads (the tiny target has 2 blocks)
+N_HEAD_KV = N_HEAD  # no grouped queries: the value carries the whole embedding
+EAGLE3_SEED = TARGET_SEED + 60
+SELF_SCALE = 3.0  # queries and keys: this times the fed token's normed embedding
+G_SCALE = 0.2  # normed g's weight in the residual stream, relative to the embedding's
+WIDE = 2 * N_EMBD  # the hidden size a mismatched head expects of its target
+
+
+def eagle3_weights(target: Weights, seed: int = EAGLE3_SEED, n_embd_target: int = N_EMBD) -> Weights:
+    """The taught head over ``target`` (tiny_models' weights), keyed by GGUF tensor name, shapes
+    in NumPy (rows, cols) order. The attention reads [normed embedding ; normed g]."""
+    rng = np.random.default_rng(seed)
+    n_feat = len(TARGET_LAYERS) * n_embd_target
+    pick = np.zeros((N_EMBD, 2 * N_EMBD), np.float32)
+    pick[:, :N_EMBD] = np.eye(N_EMBD, dtype=np.float32)  # the embedding half of the attention input
+    return {
+        "fc.weight": rng.normal(0.0, 1.0 / n_feat**0.5, size=(N_EMBD, n_feat)).astype(np.float32),
+        "blk.0.attn_norm.weight": np.ones(N_EMBD, np.float32),
+        "blk.0.attn_norm_2.weight": np.full(N_EMBD, G_SCALE, np.float32),
+        "blk.0.attn_q.weight": SELF_SCALE * pick,
+        "blk.0.attn_k.weight": SELF_SCALE * pick,
+        "blk.0.attn_v.weight": pick.copy(),
+        "blk.0.attn_output.weight": np.eye(N_EMBD, dtype=np.float32),
+        "blk.0.ffn_norm.weight": np.ones(N_EMBD, np.float32),
+        "blk.0.ffn_gate.weight": target["blk.0.ffn_gate.weight"].copy(),
+        "blk.0.ffn_up.weight": target["blk.0.ffn_up.weight"].copy(),
+        "blk.0.ffn_down.weight": target["blk.0.ffn_down.weight"].copy(),
+        "output_norm.weight": np.ones(N_EMBD, np.float32),
+    }
+
+
+def write_eagle3(
+    path: str | os.PathLike[str],
+    *,
+    vocab: Vocab,
+    weights: Weights,
+    target_layers: tuple[int, ...] = TARGET_LAYERS,
+    n_embd_target: int = N_EMBD,
+    name: str = "tiny-eagle3",
+) -> Path:
+    """Write one eagle3 GGUF (the target's tokenizer, as llama.cpp's converter copies it);
+    rewrites ``path`` only if its bytes would change."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    w = GGUFWriter(tmp, "eagle3")
+    w.add_name(name)
+    w.add_file_type(LlamaFileType.ALL_F32)
+    w.add_vocab_size(len(vocab))
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(1)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_freq_base(ROPE_FREQ_BASE)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    # the keys of llama.cpp's src/llama-arch.cpp (this gguf package predates them)
+    w.add_array("eagle3.target_layers", list(target_layers))
+    w.add_uint32("eagle3.target_hidden_size", n_embd_target)
+    w.add_bool("eagle3.norm_before_residual", True)
+    add_vocab(w, vocab)
+    for tensor_name, t in weights.items():
+        w.add_tensor(tensor_name, np.ascontiguousarray(t, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if path.exists() and path.read_bytes() == tmp.read_bytes():
+        tmp.unlink()
+    else:
+        os.replace(tmp, path)
+    return path
+
+
+def build_eagle3(directory: str | os.PathLike[str]) -> dict[str, Path]:
+    """The heads, as ``<directory>/<name>.gguf`` (idempotent), for tiny_models' ``target``:
+
+    eagle3       the taught head
+    eagle3-wide  a head for a target twice as wide (``target_hidden_size`` 128): it cannot
+                 read this target's layers
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = bpe_vocab()
+    target = make_weights(TARGET_SEED, len(vocab))
+    return {
+        "eagle3": write_eagle3(directory / "eagle3.gguf", vocab=vocab, weights=eagle3_weights(target)),
+        "eagle3-wide": write_eagle3(
+            directory / "eagle3-wide.gguf",
+            vocab=vocab,
+            weights=eagle3_weights(target, n_embd_target=WIDE),
+            n_embd_target=WIDE,
+            name="tiny-eagle3-wide",
+        ),
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    for variant, written in build_eagle3(sys.argv[1] if len(sys.argv) > 1 else ".").items():
+        print(f"{variant:12} {written}  {written.stat().st_size:,} bytes")
