@@ -16,11 +16,8 @@ Everything it does not know yet (an idle source, a batch size never verified in 
 copy rates learned on other text) is a posterior, and the choice is made on one *draw* from
 them (Thompson sampling): what is uncertain but could pay gets tried, what is known to lose does
 not, and trying and exploiting are the same rule. A lesson is only worth its risk if the run can
-use it: the drawn plan is taken over the best plan at the means only if what it promises over
-the tokens the run has left (judged on a second, independent draw: every one of them would come
-at its rate) outweighs what this round is expected to lose by it (in tokens, at the means). So the last
-tokens of a one-shot run act on the means alone, and a long shot that would cost a tenth of a
-short run is not tried for a few percent.
+use it, so each draw is pulled towards the posterior mean as the run nears its end (by
+``room / INFO_HORIZON``); the last tokens of a one-shot run act on the means alone.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
@@ -41,6 +38,10 @@ if TYPE_CHECKING:
     from .costs import CostModel
     from .sources import Source
     from .stats import RunStats
+
+INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are left to use what
+# it teaches; fewer, and it is pulled towards the mean (trades: learning late in a run, against
+# paying for lessons the run has no time to use)
 
 
 @dataclass(frozen=True)
@@ -75,18 +76,12 @@ class Chooser:
     def tie_rate(self) -> float:
         return self.ties.mean(0.0)
 
-    def tokens_and_time(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float) -> tuple[np.ndarray, np.ndarray]:
-        """E[tokens | K] and T(K) for K = 1..len(acc). ``acc``: a_1..a_K; ``draft``: D(1..K);
-        ``c``: c(1..K+1)."""
-        u = 1.0 - self.tie_rate
-        total = u + np.cumsum(np.cumprod(acc * u))
-        return total, c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r
-
     def best(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, drafting: bool = False) -> tuple[int, float]:
         """The K in {0} U [draft_min, len(acc)] with the highest rate, and that rate (K >= 1
-        only, if ``drafting``)."""
-        total, time = self.tokens_and_time(acc, draft, c, r)
-        rates = total / time
+        only, if ``drafting``). ``acc``: a_1..a_K; ``draft``: D(1..K); ``c``: c(1..K+1)."""
+        u = 1.0 - self.tie_rate
+        total = u + np.cumsum(np.cumprod(acc * u))  # E[tokens | K], K = 1..len(acc)
+        rates = total / (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
         rates[: self.draft_min - 1] = -np.inf
         k = int(np.argmax(rates)) + 1 if len(rates) else 0
         if k and (drafting or rates[k - 1] > 1.0 / c[0]):
@@ -100,36 +95,21 @@ class Chooser:
         if self.fixed:
             s = next(iter(caps), None)
             return Plan(s, caps[s]) if s is not None else Plan("none", 0)
+        scale = min(1.0, left / INFO_HORIZON)
         n = max(caps.values(), default=0) + 1
-        c, mean_c, r = self.cost.drawn(rng, 1.0, n), self.cost.table(n), self.cost.rollback_s
-        drawn = Plan("none", 0, 1.0 / c[0])  # the best plan under one draw of every posterior ...
-        at_means = Plan("none", 0, 1.0 / mean_c[0])  # ... and at their means
-        drawn_cap = 0
+        c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
+        plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            k, rate = self.best(np.array(src.acceptance(cap, rng, 1.0)), draft, c, r)
-            if k and rate > drawn.rate:
-                drawn, drawn_cap = Plan(name, k, rate), cap
+            k, rate = self.best(np.array(src.acceptance(cap, rng, scale)), draft, c, r)
+            if k and rate > plan.rate:
+                plan = Plan(name, k, rate)
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
-            if mrate > at_means.rate:
-                at_means = Plan(name, km, mrate)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
-        if drawn.source == "none" or (drawn.source, drawn.k) == (at_means.source, at_means.k):
-            return at_means  # nothing to try (a plain step teaches nothing)
-        # Try the drawn plan only if the rest of the run stands to gain more than this round is
-        # expected to lose by it, both in tokens. The gain is judged on a second, independent
-        # draw: the first one chose the plan for looking good, so it flatters it.
-        src, k = self.sources[drawn.source], drawn.k
-        draft = _draft_costs(src, k)
-        tokens, time = self.tokens_and_time(np.array(src.acceptance(drawn_cap, None, 0.0))[:k], draft, mean_c, r)
-        loss = at_means.rate * time[-1] - tokens[-1]
-        again = np.array(src.acceptance(drawn_cap, rng, 1.0))[:k]
-        tokens, time = self.tokens_and_time(again, draft, self.cost.drawn(rng, 1.0, k + 1), r)
-        gain = left * max(0.0, 1.0 - at_means.rate * time[-1] / tokens[-1])
-        return drawn if gain > loss else at_means
+        return plan
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,

@@ -272,30 +272,3 @@ def test_stored_rates_are_a_prior_worth_a_few_observations():
         fresh = RateTable(len(COPY_BINS))
         fresh.load(bad)
         assert all(r.n == 0 for r in fresh.bins)
-
-
-def test_a_long_shot_is_tried_where_the_run_can_use_it_not_at_the_cost_of_a_short_run():
-    """A draft whose first four positions are known to go on 90% of the time, and the positions
-    past them not at all (they lean on the ones before); a steep CPU curve, as the demo
-    target's on 2026-12-02. A draw may promise that long drafts go on: with the whole run
-    ahead, that is worth a try now and then; with 24 tokens left, a long shot costs more than
-    those tokens could gain, and the plan stays near the best one at the means."""
-    arm = Arm("ngram", 0.9, 0.0)
-    for b in arm.positions.bins[:4]:
-        b.hits, b.n = 45.0, 50.0
-    steep = {1: 0.045, 2: 0.077, 4: 0.135, 8: 0.26, 16: 0.39, 32: 0.68}
-    chooser = Chooser({"ngram": arm}, CostModel(steep), draft_max=16)
-    cost = chooser.cost
-
-    def rate_at_means(k: int) -> float:
-        if k == 0:
-            return 1.0 / cost.verify_cost(1)
-        total, time = chooser.tokens_and_time(np.full(k, 0.9), np.zeros(k), cost.table(k + 1), 0.0)
-        return float(total[-1] / time[-1])
-
-    best = max(rate_at_means(k) for k in range(17))
-    short = [chooser.choose({"ngram": 16}, 24, np.random.default_rng(s)).k for s in range(300)]
-    long = [chooser.choose({"ngram": 16}, 10_000, np.random.default_rng(s)).k for s in range(300)]
-    assert len(set(long)) > 2  # the long run tries other lengths
-    assert np.mean([rate_at_means(k) for k in short]) > 0.94 * best  # the short one pays little for lessons
-    assert np.mean([rate_at_means(k) for k in short]) > np.mean([rate_at_means(k) for k in long])
