@@ -17,6 +17,8 @@
 # a round's time goes (verify, the heads' catch-up, draft steps) against plain decoding. The
 # published figures to beat are for real models (Qwen3.6-27B: 31 -> 41-53 tok/s on an RTX 3090);
 # on a 64-wide model the fixed cost per decode dominates, so read these as a working check.
+# EAGLE-3 and Gemma 4's assistant file (issue 24): their tests and one generate each, on generated
+# tiny heads (tests/tiny_eagle3.py, tests/tiny_gemma4.py), nothing to download.
 # Hybrid and recurrent models (issue 23): real ones (Qwen3.6, LFM2, Granite-4.0-H) are far over
 # the 64 MiB a call carries, so the generated qwen35/lfm2/granitehybrid run on the GPU instead:
 # the exactness of every rollback method with CUDA's delta-net, short-conv and Mamba-2 kernels
@@ -48,3 +50,10 @@ python3 -m pytest -q -p no:cacheprovider tests/test_mtp.py 2>&1 | tail -3 | tee 
 python3 tests/tiny_mtp.py /tmp/models >/dev/null
 specrun generate -m /tmp/models/mtp.gguf --draft mtp -p "The quick brown fox" -n 64 -t 8 --json >"$out/mtp.json" 2>>"$out/generate.err" || true
 python3 scripts/tools/mtp_profile.py --threads 8 --gpu-layers -1 -k 4 2>>"$out/generate.err" | tee "$out/mtp-profile.json" || true
+# EAGLE-3 heads and Gemma 4's assistant file on the GPU (both generated, tiny): exactness and
+# state in step (tests/test_eagle3.py, tests/test_assistant.py), and one generate with each
+python3 -m pytest -q -p no:cacheprovider tests/test_eagle3.py tests/test_assistant.py 2>&1 | tail -3 | tee -a "$out/pytest.txt"
+python3 tests/tiny_eagle3.py /tmp/models >/dev/null
+specrun generate -m "$t" -d /tmp/models/eagle3.gguf --draft eagle3 -p "def fib(n):" -n 64 -t 8 --json >"$out/eagle3.json" 2>>"$out/generate.err" || true
+python3 tests/tiny_gemma4.py /tmp/models >/dev/null
+specrun generate -m /tmp/models/gemma4.gguf -d /tmp/models/mtp-gemma4.gguf --draft mtp -p "The quick brown fox" -n 64 -t 8 --json >"$out/assistant.json" 2>>"$out/generate.err" || true
