@@ -173,6 +173,11 @@ class HeadFile:
                 return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
             if not all(0 <= i < t.n_layer for i in self.target_layers):
                 return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+            if self.draft_vocab is not None and self.draft_vocab != t.n_vocab:
+                # its logits cover its own vocabulary, mapped to the target's through d2t: not yet read here
+                return (
+                    f"it guesses among its own {self.draft_vocab} tokens (d2t), which specrun does not map to the target's {t.n_vocab} yet"
+                )
         return None
 
     def to_json(self) -> dict:

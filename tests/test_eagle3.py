@@ -114,6 +114,9 @@ def test_the_header_says_which_target_the_head_is_for(tiny, heads):
     assert "128-wide target" in (head_file_of(model_info(heads["eagle3-wide"])).mismatch(model_info(tiny["target"])) or "")
     assert "has 1 (0..0)" in (e.mismatch(model_info(tiny["draft-small"])) or "")  # one block: no layer 1 to read
     assert head_file_of(model_info(tiny["target"])) is None
+    # a head with its own smaller vocabulary (d2t) is refused from its header, not read past its logits
+    small = dataclasses.replace(e, draft_vocab=32)
+    assert "(d2t)" in (small.mismatch(model_info(tiny["target"])) or "")
 
 
 def test_inspect_shows_the_head(heads, capsys, monkeypatch):
