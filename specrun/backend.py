@@ -1017,21 +1017,7 @@ class MtpHeads(DraftHead):
         log.mark()
         self.n_heads = target.n_nextn
         self.max_draft = self.n_heads if self.n_heads > 1 else None
-        cp = ll.llama_context_default_params()
-        cp.n_ctx = target.n_ctx
-        cp.n_batch = target.n_batch
-        cp.n_ubatch = target.n_batch
-        cp.n_threads = target.opts.n_threads
-        cp.n_threads_batch = target.opts.n_threads
-        cp.n_outputs_max = 1  # a draft step reads one row; catching up reads none
-        cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
-        cp.ctx_other = target._ctx
-        cp.n_rs_seq = 0
-        cp.no_perf = True
-        ctx = ll.llama_init_from_model(target._model, cp)
-        if not ctx:
-            why = "; ".join(log.errors) or "out of memory?"
-            raise BackendError(f"cannot create the MTP context for {target.path.name}: {why}", "lower {n_ctx} or use another {mode}")
+        ctx = _head_context(target._model, target, log, f"the MTP context for {target.path.name}", mtp=True)
         ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
         ll_ext.llama_set_embeddings_nextn(ctx, True, True)  # and for the heads' output rows
         n_embd = int(ll.llama_model_n_embd_out(target._model))
@@ -1053,6 +1039,28 @@ class MtpHeads(DraftHead):
         if seed is not None:
             idx = self._add(*seed, True)
         return idx
+
+
+def _head_context(model, target: Model, log: _Log, name: str, mtp: bool, n_batch: int | None = None):
+    """A context for draft heads on ``model``, beside ``target``'s (its ``ctx_other``), with the
+    target's size and threads: an MTP context (``mtp``: one output row, as a draft step reads
+    one and catching up none; no recurrent snapshots), else a plain one. ``n_batch`` (default
+    the target's) is also its ubatch. ``name`` says what failed."""
+    cp = ll.llama_context_default_params()
+    cp.n_ctx = target.n_ctx
+    cp.n_batch = cp.n_ubatch = n_batch or target.n_batch
+    cp.n_threads = cp.n_threads_batch = target.opts.n_threads
+    if mtp:
+        cp.n_outputs_max = 1
+        cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cp.n_rs_seq = 0
+    cp.ctx_other = target._ctx
+    cp.no_perf = True
+    ctx = ll.llama_init_from_model(model, cp)
+    if not ctx:
+        why = "; ".join(log.errors) or "out of memory?"
+        raise BackendError(f"cannot create {name}: {why}", "lower {n_ctx} or use another {mode}")
+    return ctx
 
 
 def _load_head(path: Path, opts: LoadOptions, log: _Log):
@@ -1100,21 +1108,7 @@ class Gemma4Assistant(MtpHeads):
                     "draft_model",
                 )
             log.mark()
-            cp = ll.llama_context_default_params()
-            cp.n_ctx = target.n_ctx
-            cp.n_batch = target.n_batch
-            cp.n_ubatch = target.n_batch
-            cp.n_threads = target.opts.n_threads
-            cp.n_threads_batch = target.opts.n_threads
-            cp.n_outputs_max = 1  # a draft step reads one row
-            cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
-            cp.ctx_other = target._ctx
-            cp.n_rs_seq = 0
-            cp.no_perf = True
-            ctx = ll.llama_init_from_model(self._model, cp)
-            if not ctx:
-                why = "; ".join(log.errors) or "out of memory?"
-                raise BackendError(f"cannot create a context for {self.path.name}: {why}", "lower {n_ctx} or use another {mode}")
+            ctx = _head_context(self._model, target, log, f"a context for {self.path.name}", mtp=True)
         except BaseException:
             ll.llama_model_free(self._model)
             self._model = None
@@ -1203,18 +1197,10 @@ class Eagle3Head(DraftHead):
                     "give the EAGLE-3 head trained for this target",
                     "draft_model",
                 )
-            cp = ll.llama_context_default_params()
-            cp.n_ctx = target.n_ctx
-            cp.n_batch = min(target.n_batch, EAGLE3_BATCH)
-            cp.n_ubatch = cp.n_batch  # the encoder takes a batch in one ubatch
-            cp.n_threads = target.opts.n_threads
-            cp.n_threads_batch = target.opts.n_threads
-            cp.ctx_other = target._ctx
-            cp.no_perf = True
-            ctx = ll.llama_init_from_model(self._model, cp)
-            if not ctx:
-                why = "; ".join(log.errors) or "out of memory?"
-                raise BackendError(f"cannot create a context for {self.path.name}: {why}", "lower {n_ctx} or use another {mode}")
+            # the encoder takes a batch in one ubatch
+            ctx = _head_context(
+                self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=min(target.n_batch, EAGLE3_BATCH)
+            )
         except BaseException:
             ll.llama_model_free(self._model)
             self._model = None
