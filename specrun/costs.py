@@ -217,7 +217,7 @@ class CostModel:
         """What to store: each size's mean as verified in this process, else the reference it
         started from. (An estimate worked out from other sizes is never stored as if measured:
         one slow round would otherwise move every size near it, in every later run.)"""
-        return {b: self.seen.get(b, self.verify.get(b)) for b in sorted(set(self.verify) | set(self.seen))}  # type: ignore[misc]
+        return {b: self.seen[b] if b in self.seen else self.verify[b] for b in sorted(set(self.verify) | set(self.seen))}
 
     def to_json(self) -> dict:
         return {

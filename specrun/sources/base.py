@@ -60,6 +60,12 @@ class Rate:
         self.hits *= DECAY
         self.n *= DECAY
 
+    @classmethod
+    def stored(cls, hits: float, n: float, keep: float = STORED_WEIGHT) -> Rate:
+        """Counts an earlier run stored, as a prior worth at most ``keep`` observations."""
+        f = min(1.0, keep / n) if n > 0 else 0.0
+        return cls(hits * f, n * f)
+
 
 class RateTable:
     """Rates by bin (a draft position, a copy's length): a bin with little data of its own leans
@@ -105,9 +111,7 @@ class RateTable:
             return
         if len(hits) != len(self.bins) or len(n) != len(self.bins) or not all(0 <= h <= t for h, t in zip(hits, n)):
             return
-        for r, h, t in zip(self.bins, hits, n):
-            f = min(1.0, keep / t) if t > 0 else 0.0
-            r.hits, r.n = h * f, t * f
+        self.bins = [Rate.stored(h, t, keep) for h, t in zip(hits, n)]
 
 
 @dataclass(frozen=True)

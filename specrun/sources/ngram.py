@@ -21,7 +21,7 @@ import numpy as np
 
 from ..drafters import Proposal
 from ..sampling import Dist
-from .base import STORED_WEIGHT, Outcome, Rate, RateTable
+from .base import Outcome, Rate, RateTable
 
 COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
 # (0 and 1: a copy just past an edit the drafter learned)
@@ -98,8 +98,7 @@ class NgramSource:
             self.copy.load(d)
             line = d.get("line")
             if isinstance(line, list) and len(line) == 2 and all(isinstance(x, (int, float)) for x in line) and 0 <= line[0] <= line[1]:
-                f = min(1.0, STORED_WEIGHT / line[1]) if line[1] > 0 else 0.0
-                self.line = Rate(line[0] * f, line[1] * f)
+                self.line = Rate.stored(*line)
 
 
 class NgramDrafter:
