@@ -14,6 +14,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import heads_run
 import numpy as np
 import pytest
 from tiny_eagle3 import N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, write_eagle3
@@ -64,17 +65,8 @@ def fresh(tiny, heads):
     m.close()
 
 
-def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, sampler: Sampler | None = None, on_step=None, cost=None):
-    """One generation from a clean cache; the tokens and the run's stats."""
-    target.reset()
-    e = Engine(target, None, settings, sampler or Sampler(0.0), cost or CostModel(), heads=target.heads, eagle3=target.eagle3)
-    out, stats = [], None
-    for step in e.generate(prompt, n):
-        out += step.tokens
-        stats = step.stats
-        if on_step is not None:
-            on_step(e, step)
-    return out, stats
+def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, **kw):
+    return heads_run.run(target, settings, prompt, n, **kw)
 
 
 def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:

@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import heads_run
 import numpy as np
 import pytest
 from tiny_mtp import TRUNK_LAYERS, build_mtp, mtp_block, mtp_variants
@@ -70,17 +71,8 @@ def fresh(mtp):
     m.close()
 
 
-def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, sampler: Sampler | None = None, on_step=None):
-    """One generation from a clean cache; the tokens and the run's stats."""
-    target.reset()
-    e = Engine(target, None, settings, sampler or Sampler(0.0), CostModel(), heads=target.heads)
-    out, stats = [], None
-    for step in e.generate(prompt, n):
-        out += step.tokens
-        stats = step.stats
-        if on_step is not None:
-            on_step(e, step)
-    return out, stats
+def run(target: Model, settings: Settings, prompt: list[int], n: int = N_TOKENS, **kw):
+    return heads_run.run(target, settings, prompt, n, **kw)
 
 
 def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
