@@ -44,9 +44,10 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
-    add_vocab,
     bpe_vocab,
     make_weights,
+    settle,
+    write_tensors,
 )
 
 TARGET_LAYERS = (0, 1, 1)  # the target's layer inputs the head reads (the tiny target has 2 blocks)
@@ -110,18 +111,8 @@ def write_eagle3(
     w.add_array("eagle3.target_layers", list(target_layers))
     w.add_uint32("eagle3.target_hidden_size", n_embd_target)
     w.add_bool("eagle3.norm_before_residual", True)
-    add_vocab(w, vocab)
-    for tensor_name, t in weights.items():
-        w.add_tensor(tensor_name, np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if path.exists() and path.read_bytes() == tmp.read_bytes():
-        tmp.unlink()
-    else:
-        os.replace(tmp, path)
-    return path
+    write_tensors(w, vocab, weights)
+    return settle(tmp, path)
 
 
 def build_eagle3(directory: str | os.PathLike[str]) -> dict[str, Path]:

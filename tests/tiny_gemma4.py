@@ -37,8 +37,9 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
-    add_vocab,
     bpe_vocab,
+    settle,
+    write_tensors,
 )
 
 N_LAYER = 4
@@ -151,18 +152,8 @@ def _write(path: Path, arch: str, vocab: Vocab, weights: Weights, name: str, n_e
     w.add_array(f"{arch}.attention.sliding_window_pattern", list(swa))
     w.add_uint32(f"{arch}.attention.shared_kv_layers", 0)
     extra(w)
-    add_vocab(w, vocab)
-    for tensor_name, t in weights.items():
-        w.add_tensor(tensor_name, np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if path.exists() and path.read_bytes() == tmp.read_bytes():
-        tmp.unlink()
-    else:
-        os.replace(tmp, path)
-    return path
+    write_tensors(w, vocab, weights)
+    return settle(tmp, path)
 
 
 def build_gemma4(directory: str | os.PathLike[str]) -> dict[str, Path]:

@@ -44,9 +44,10 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
-    add_vocab,
     bpe_vocab,
     perturbed,
+    settle,
+    write_tensors,
 )
 
 N_LAYER = 4
@@ -259,18 +260,8 @@ def write_hybrid(path: str | os.PathLike[str], arch: str, *, vocab: Vocab, weigh
         w.add_ssm_state_size(MAMBA_D_STATE)
         w.add_ssm_time_step_rank(MAMBA_DT_RANK)
         w.add_ssm_group_count(MAMBA_N_GROUP)
-    add_vocab(w, vocab)
-    for tensor_name, t in weights.items():
-        w.add_tensor(tensor_name, np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if path.exists() and path.read_bytes() == tmp.read_bytes():
-        tmp.unlink()
-    else:
-        os.replace(tmp, path)
-    return path
+    write_tensors(w, vocab, weights)
+    return settle(tmp, path)
 
 
 def hybrid_variants() -> dict[str, tuple[str, Weights]]:

@@ -479,8 +479,15 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
 
-    add_vocab(writer, vocab)
+    write_tensors(writer, vocab, weights)
+    if split_max_tensors:
+        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
+    return settle(tmp, path)
 
+
+def write_tensors(writer: GGUFWriter, vocab: Vocab, weights: Weights) -> None:
+    """The vocabulary and the F32 tensors after the header keys already added; the file is written and closed."""
+    add_vocab(writer, vocab)
     for tensor_name, w in weights.items():
         writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float32))
     writer.write_header_to_file()
@@ -488,8 +495,10 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     writer.write_tensors_to_file()
     writer.close()
 
-    if split_max_tensors:
-        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
+
+def settle(tmp: Path, path: Path) -> Path:
+    """Move a freshly written ``tmp`` to ``path``, unless ``path`` already holds the same bytes
+    (then ``path`` is left as it was and ``tmp`` removed)."""
     if path.exists() and path.read_bytes() == tmp.read_bytes():
         tmp.unlink()
     else:
