@@ -250,7 +250,6 @@ def inspect_table(m: ModelInfo) -> Table:
         if d.source == "eagle3":
             borrows = [what for what, own in (("token embeddings", d.own_embeddings), ("output head", d.own_output)) if not own]
             uses = f"; borrows the target's {' and '.join(borrows)}" if borrows else ""
-            uses += f"; guesses among {d.draft_vocab} tokens (d2t)" if d.draft_vocab else ""
         else:
             uses = "; attends over the target's KV cache and borrows its token embeddings"
         rows.append(("draft head", d.describe() + uses))
@@ -305,7 +304,8 @@ def scan_table(c: Catalog) -> Table:
 
 def _head_file_short(h: HeadFile) -> str:
     if h.source == "eagle3":
-        return f"EAGLE-3 for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}"
+        d2t = f", {h.draft_vocab} tokens" if h.draft_vocab is not None else ""
+        return f"EAGLE-3 for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}{d2t}"
     return f"MTP assistant for {h.target_hidden}-wide"
 
 

@@ -1,4 +1,5 @@
-"""Bounded reading of GGUF headers: metadata and tensor descriptors, never weights.
+"""Bounded reading of GGUF headers: metadata and tensor descriptors, never weights (bar one
+small tensor asked for by name, :func:`tensor_bytes`).
 
 GGUF files come from strangers, and llama.cpp's loader has a history of memory-safety bugs
 on crafted files. So specrun walks the header itself before anything else touches the file,
@@ -242,6 +243,20 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int | None:
     if shape and shape[0] % block:
         return None
     return n // block * type_size
+
+
+def tensor_bytes(h: GGUFHeader, t: TensorInfo) -> bytes:
+    """The data of one tensor of ``h`` (which the header's checks place inside the file); for
+    small tensors only, such as an EAGLE-3 head's token map. Raises InputError."""
+    try:
+        with open(h.path, "rb") as f:
+            f.seek(h.data_offset + t.offset)
+            data = f.read(t.nbytes)
+    except OSError as e:
+        raise InputError(f"cannot read {h.path}: {e.strerror or e}", "check the path") from None
+    if len(data) != t.nbytes:
+        raise BadModelFile(f"{h.path.name} ends inside tensor {t.name!r} (truncated?)", "re-download or re-convert the model")
+    return data
 
 
 def read_header(path: str | os.PathLike) -> GGUFHeader:

@@ -12,7 +12,8 @@ An EAGLE-3 head (arch ``eagle3``) and Gemma 4's MTP assistant (arch ``gemma4-ass
 files of their own, each trained for one target: :class:`HeadFile` says for which (its hidden
 size, the layers it reads), so a wrong pairing is refused before anything loads.
 
-Nothing here loads weights: ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
+Nothing here loads weights (of an EAGLE-3 head's tensors, only its ``d2t``, a list of token
+ids, is read, to check it): ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
 it in milliseconds.
 """
 
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .gguf_header import TensorInfo, tensor_bytes
 
 if TYPE_CHECKING:
     from .modelinfo import ModelFacts, ModelInfo
@@ -118,6 +121,7 @@ def heads_of(m: ModelInfo) -> Heads:
 
 # architecture -> (the draft source it is, the target architecture it serves; None: any)
 HEAD_FILE_ARCHS = {"eagle3": ("eagle3", None), "gemma4-assistant": ("mtp", "gemma4")}
+MAX_D2T = 1 << 22  # a d2t longer than this maps more tokens than any vocabulary has: not read
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class HeadFile:
     own_embeddings: bool = False  # token_embd in the file (EAGLE-3: else the target's)
     own_output: bool = False  # output in the file (EAGLE-3: else the target's head)
     draft_vocab: int | None = None  # EAGLE-3's d2t: it guesses among this many tokens, mapped to the target's
+    d2t_top: int | None = None  # the largest target token id its d2t maps to
+    d2t_fault: str | None = None  # what is wrong with its d2t by itself (llama.cpp would abort on it)
 
     @property
     def source(self) -> str:
@@ -151,10 +157,12 @@ class HeadFile:
         return "an EAGLE-3 head" if self.source == "eagle3" else "Gemma 4's MTP assistant"
 
     def describe(self) -> str:
-        """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29)'."""
+        """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29; guesses among 32000
+        of its tokens, d2t)'."""
         if self.source == "eagle3":
             layers = ", ".join(str(i) for i in self.target_layers)
-            return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers})"
+            d2t = f"; guesses among {self.draft_vocab} of its tokens, d2t" if self.draft_vocab is not None else ""
+            return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers}{d2t})"
         return f"Gemma 4 MTP assistant for a {self.target_hidden}-wide {HEAD_FILE_ARCHS[self.architecture][1]} target"
 
     def mismatch(self, t: ModelFacts) -> str | None:
@@ -173,11 +181,24 @@ class HeadFile:
                 return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
             if not all(0 <= i < t.n_layer for i in self.target_layers):
                 return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
-            if self.draft_vocab is not None and self.draft_vocab != t.n_vocab:
-                # its logits cover its own vocabulary, mapped to the target's through d2t: not yet read here
-                return (
-                    f"it guesses among its own {self.draft_vocab} tokens (d2t), which specrun does not map to the target's {t.n_vocab} yet"
-                )
+            if self.draft_vocab is not None:
+                return self._d2t_mismatch(t)
+        return None
+
+    def _d2t_mismatch(self, t: ModelFacts) -> str | None:
+        """Why llama.cpp could not scatter this head's guesses into ``t``'s vocabulary through its
+        d2t (src/models/eagle3.cpp: one target id per row of its output head, written with
+        ``ggml_set_rows`` into a row of -inf; an id past the row, or a row count that is not the
+        head's, is an assert that ends the process), or None."""
+        n = self.draft_vocab
+        if self.d2t_fault is not None:
+            return f"its d2t {self.d2t_fault}"
+        if n is not None and n > t.n_vocab:
+            return f"its d2t maps {n} tokens, more than the {t.n_vocab} of {t.path.name}"
+        if self.d2t_top is not None and self.d2t_top >= t.n_vocab:
+            return f"its d2t maps to token {self.d2t_top}, past the {t.n_vocab} tokens of {t.path.name}"
+        if not self.own_output and n != t.n_vocab:
+            return f"its d2t maps {n} tokens, and it has no output head of its own (the target's has {t.n_vocab} rows)"
         return None
 
     def to_json(self) -> dict:
@@ -189,13 +210,16 @@ class HeadFile:
             "own_embeddings": self.own_embeddings,
             "own_output": self.own_output,
             "draft_vocab": self.draft_vocab,
+            "d2t_top": self.d2t_top,
+            "d2t_fault": self.d2t_fault,
         }
 
     @classmethod
     def from_json(cls, d: dict) -> HeadFile:
-        vocab = d["draft_vocab"]
+        vocab, top, fault = d["draft_vocab"], d["d2t_top"], d["d2t_fault"]
         return cls(str(d["architecture"]), int(d["target_hidden_size"]), tuple(int(i) for i in d["target_layers"]),
-                   bool(d["own_embeddings"]), bool(d["own_output"]), None if vocab is None else int(vocab))  # fmt: skip
+                   bool(d["own_embeddings"]), bool(d["own_output"]), None if vocab is None else int(vocab),
+                   None if top is None else int(top), None if fault is None else str(fault))  # fmt: skip
 
 
 def head_file_of(m: ModelInfo) -> HeadFile | None:
@@ -211,6 +235,7 @@ def head_file_of(m: ModelInfo) -> HeadFile | None:
     layers = tuple(int(i) for i in raw) if raw is not None and not isinstance(raw, (str, bytes)) else ()
     hidden = m.header.get(f"{arch}.target_hidden_size")
     d2t = tensors.get("d2t")
+    top, fault = _read_d2t(m, d2t, tensors.get("output.weight")) if d2t is not None else (None, None)
     return HeadFile(
         arch,
         int(hidden) if isinstance(hidden, (int, np.integer)) else 0,
@@ -218,4 +243,25 @@ def head_file_of(m: ModelInfo) -> HeadFile | None:
         "token_embd.weight" in tensors,
         "output.weight" in tensors,
         int(d2t.shape[0]) if d2t is not None else None,
+        top,
+        fault,
     )
+
+
+def _read_d2t(m: ModelInfo, d2t: TensorInfo, output: TensorInfo | None) -> tuple[int | None, str | None]:
+    """(the largest target id, what is wrong) of an EAGLE-3 head's d2t, read from the file (a
+    few hundred KB). llama.cpp's converter writes it as I64 absolute target ids, one per row
+    of the head's output, all distinct (HF's offsets plus their row numbers)."""
+    n = d2t.shape[0]
+    if d2t.type_name != "I64" or len(d2t.shape) != 1:
+        return None, f"is {d2t.type_name} of shape {list(d2t.shape)}, and llama.cpp reads a list of I64 token ids"
+    if output is not None and (len(output.shape) != 2 or output.shape[1] != n):
+        return None, f"maps {n} tokens, and its output head has {output.shape[-1]} rows"
+    if n > MAX_D2T:
+        return None, f"maps {n} tokens, more than any vocabulary"
+    ids = np.frombuffer(tensor_bytes(m.header, d2t), dtype="<i8")
+    if ids.min() < 0:
+        return None, f"holds a negative token id ({int(ids.min())})"
+    if len(np.unique(ids)) != n:
+        return None, "maps two of its tokens to one target token"
+    return int(ids.max()), None

@@ -17,8 +17,8 @@ from pathlib import Path
 import heads_run
 import numpy as np
 import pytest
-from tiny_eagle3 import N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, write_eagle3
-from tiny_models import bpe_vocab
+from tiny_eagle3 import D2T_EVERY, N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, with_d2t, write_eagle3
+from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.backend import Eagle3Head, LoadOptions, Model, MtpHeads
 from specrun.cli.main import main
@@ -29,6 +29,7 @@ from specrun.heads import HeadFile, head_file_of
 from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
 from specrun.server.metrics import Metrics
+from specrun.sources.eagle3 import Eagle3Source
 
 K = 6  # drafts per round
 PROMPTS = [
@@ -106,9 +107,17 @@ def test_the_header_says_which_target_the_head_is_for(tiny, heads):
     assert "128-wide target" in (head_file_of(model_info(heads["eagle3-wide"])).mismatch(model_info(tiny["target"])) or "")
     assert "has 1 (0..0)" in (e.mismatch(model_info(tiny["draft-small"])) or "")  # one block: no layer 1 to read
     assert head_file_of(model_info(tiny["target"])) is None
-    # a head with its own smaller vocabulary (d2t) is refused from its header, not read past its logits
-    small = dataclasses.replace(e, draft_vocab=32)
-    assert "(d2t)" in (small.mismatch(model_info(tiny["target"])) or "")
+
+
+def test_the_header_reads_a_d2t_head(tiny, heads):
+    """A head with its own smaller vocabulary (d2t) says among how many tokens it guesses, and
+    which target ids those are (read from the file: every other one of the 640)."""
+    d = head_file_of(model_info(heads["eagle3-d2t"]))
+    n = len(bpe_vocab()) // D2T_EVERY
+    assert (d.draft_vocab, d.d2t_top, d.d2t_fault, d.own_output) == (n, len(bpe_vocab()) - D2T_EVERY, None, True)
+    assert d.describe() == f"EAGLE-3 head for a 64-wide target (reads its layers 0, 1, 1; guesses among {n} of its tokens, d2t)"
+    assert d.mismatch(model_info(tiny["target"])) is None
+    assert HeadFile.from_json(json.loads(json.dumps(d.to_json()))) == d
 
 
 def test_inspect_shows_the_head(heads, capsys, monkeypatch):
@@ -146,15 +155,16 @@ def test_drafts_and_models_scan_mark_the_heads(tiny, heads, tmp_path, monkeypatc
     code, out, _ = cli(["drafts", str(tiny["target"]), "--json"], capsys)
     report = json.loads(out)
     assert code == 0
-    assert [Path(d["path"]).name for d in report["drafts"]] == ["eagle3.gguf", "draft-small.gguf"]
+    assert [Path(d["path"]).name for d in report["drafts"]] == ["eagle3.gguf", "eagle3-d2t.gguf", "draft-small.gguf"]
     assert report["drafts"][0]["draft_head"]["target_hidden_size"] == N_EMBD
     wide = next(c for c in report["cannot_draft"] if Path(c["path"]).name == "eagle3-wide.gguf")
     assert "an EAGLE-3 head for another target" in wide["reason"] and "128-wide" in wide["reason"]
     monkeypatch.setenv("COLUMNS", "250")
     _, out, _ = cli(["models", "--scan"], capsys)
     rows = [line for line in out.splitlines() if "eagle3" in line]
-    assert len(rows) == 2 and all("EAGLE-3 for" in line for line in rows), out
+    assert len(rows) == 3 and all("EAGLE-3 for" in line for line in rows), out
     assert any(f"EAGLE-3 for {WIDE}-wide" in line for line in rows)
+    assert any(f"{len(bpe_vocab()) // D2T_EVERY} tokens" in line for line in rows if "eagle3-d2t" in line)
 
 
 # --- refusals, from the headers -------------------------------------------------------------
@@ -199,9 +209,60 @@ def test_the_backend_refuses_a_head_whose_layers_the_target_lacks(tiny, heads, t
 
 def eagle3_weights_for_tests():
     from tiny_eagle3 import eagle3_weights
-    from tiny_models import TARGET_SEED, make_weights
 
     return eagle3_weights(make_weights(TARGET_SEED, len(bpe_vocab())))
+
+
+def bad_d2t(case: str):
+    """A head whose d2t llama.cpp cannot use (an id past the target's vocabulary or a row count
+    not the head's output's would end the process in an assert), and what refuses it."""
+    head, target = eagle3_weights_for_tests(), make_weights(TARGET_SEED, len(bpe_vocab()))
+    ids = np.arange(0, 600, 2)
+    if case == "past the vocabulary":
+        w = with_d2t(head, target, ids)
+        return {**w, "d2t": np.array([*ids[:-1], 650])}, "maps to token 650, past the 640 tokens of target.gguf"
+    if case == "longer than the vocabulary":
+        w = with_d2t(head, target, ids)
+        w["output.weight"], w["d2t"] = np.zeros((700, N_EMBD), np.float32), np.arange(700)
+        return w, "maps 700 tokens, more than the 640 of target.gguf"
+    if case == "two rows, one token":
+        return with_d2t(head, target, [*ids[:-1], ids[0]]), "maps two of its tokens to one target token"
+    if case == "I32":
+        w = with_d2t(head, target, ids)
+        return {**w, "d2t": w["d2t"].astype(np.int32)}, "is I32 of shape [300], and llama.cpp reads a list of I64 token ids"
+    if case == "rows of another output":
+        w = with_d2t(head, target, ids)
+        return {**w, "d2t": w["d2t"][:-10]}, "maps 290 tokens, and its output head has 300 rows"
+    assert case == "no output of its own"
+    w = with_d2t(head, target, ids)
+    del w["output.weight"]
+    return w, "maps 300 tokens, and it has no output head of its own (the target's has 640 rows)"
+
+
+BAD_D2T = [
+    "past the vocabulary",
+    "longer than the vocabulary",
+    "two rows, one token",
+    "I32",
+    "rows of another output",
+    "no output of its own",
+]
+
+
+@pytest.mark.parametrize("case", BAD_D2T)
+def test_a_malformed_d2t_is_refused_from_its_header(tiny, tmp_path, case):
+    weights, why = bad_d2t(case)
+    path = write_eagle3(tmp_path / "bad.gguf", vocab=bpe_vocab(), weights=weights, name="bad")
+    assert head_file_of(model_info(path)).mismatch(model_info(tiny["target"])) == f"its d2t {why}"
+
+
+def test_a_d2t_past_the_vocabulary_is_one_line_exit_2(tiny, tmp_path, capsys):
+    """Refused before anything loads: llama.cpp would write that guess past the end of its row
+    (an assert in ggml's set_rows, which ends the process)."""
+    path = write_eagle3(tmp_path / "bad.gguf", vocab=bpe_vocab(), weights=bad_d2t("past the vocabulary")[0], name="bad")
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(path), "--draft", "eagle3", "-p", "hi", "-n", "4"], capsys)
+    assert code == EXIT_USAGE and out == ""
+    assert "bad.gguf (an EAGLE-3 head) cannot draft for target.gguf: its d2t maps to token 650" in one_line(err)
 
 
 # --- drafting through the engine ------------------------------------------------------------
@@ -333,11 +394,15 @@ def test_a_head_attached_late_catches_up(tiny, heads, target):
     assert late.eagle3 is None and h._ctx is None  # closed with its target
 
 
-def test_sampling_keeps_the_targets_distribution(target):
+@pytest.mark.parametrize("head", ["eagle3", "d2t"])
+def test_sampling_keeps_the_targets_distribution(target, head, request):
     """At temperature 1.5, unfiltered, the first token drawn with the head's drafts (its guess
     accepted with probability min(1, p/q), or a draw from the residual) follows the target's
     own law: 600 seeded runs, binned into the target's 8 likeliest tokens and the rest, against
-    what 600 draws from the exact law score (total variation distance)."""
+    what 600 draws from the exact law score (total variation distance). Also with a d2t head
+    that lacks the target's commonest tokens (its q is 0 there, its logits -inf)."""
+    if head == "d2t":
+        target = request.getfixturevalue("d2t_targets")["leaves-out"][0]
     prompt = target.tokenize(PROMPTS[0])
     sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
     target.reset()
@@ -357,6 +422,55 @@ def test_sampling_keeps_the_targets_distribution(target):
     tv = 0.5 * np.abs(counts / n - p).sum()
     noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
     assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+
+
+# --- a head with its own smaller vocabulary (d2t) ---------------------------------------------
+
+LEFT_OUT = 5  # the leaves-out head lacks the target's commonest tokens
+
+
+@pytest.fixture(scope="module")
+def d2t_targets(tiny, plain, tmp_path_factory):
+    """The target, each with a head that guesses among some of its tokens (d2t): 'covers'
+    among every token plain decoding of PROMPTS produces and as many others, 'leaves-out' among
+    the same less the LEFT_OUT commonest of them; name -> (model, the target ids it guesses among)."""
+    produced = Counter(t for out in plain.values() for t in out)
+    others = [t for t in range(len(bpe_vocab())) if t not in produced]
+    covers = {*produced, *np.random.default_rng(0).choice(others, size=len(produced), replace=False).tolist()}
+    sets = {"covers": covers, "leaves-out": covers - {t for t, _ in produced.most_common(LEFT_OUT)}}
+    directory = tmp_path_factory.mktemp("d2t")
+    head, weights = eagle3_weights_for_tests(), make_weights(TARGET_SEED, len(bpe_vocab()))
+    out = {}
+    for name, ids in sets.items():
+        path = write_eagle3(directory / f"{name}.gguf", vocab=bpe_vocab(), weights=with_d2t(head, weights, sorted(ids)), name=name)
+        out[name] = (load(tiny["target"], path), ids)
+    yield out
+    for m, _ in out.values():
+        m.close()
+
+
+@pytest.mark.parametrize("head", ["covers", "leaves-out"])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_with_a_d2t_head_equals_plain(d2t_targets, plain, head, prompt, monkeypatch):
+    """A head that guesses among some of the target's tokens (llama.cpp scatters its logits
+    into a target-wide row of -inf): 64 tokens come out as plain decoding's, every drafted
+    token is one of its own, and some are accepted. (The leaves-out head never drafts the
+    commonest tokens, which the target says all the same.)"""
+    m, ids = d2t_targets[head]
+    drafted: list[int] = []
+    propose = Eagle3Source.propose
+
+    def spy(self, tokens, k, worth):
+        p = propose(self, tokens, k, worth)
+        drafted.extend(p.tokens)
+        return p
+
+    monkeypatch.setattr(Eagle3Source, "propose", spy)
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    out, stats = run(m, s, m.tokenize(prompt))
+    assert out == plain[prompt]
+    assert drafted and set(drafted) <= ids
+    assert stats.by_source["eagle3"][2] > 0
 
 
 def test_tokens_by_source_reach_stats_and_metrics(target):

@@ -56,6 +56,22 @@ def test_accept_resample_reproduces_target_distribution(case):
     assert chi2(counts, p_full) < CHI2_CRIT_001[df]
 
 
+def test_a_draft_row_with_minus_inf_entries():
+    """An EAGLE-3 head with its own smaller vocabulary (d2t) leaves -inf in its logits for the
+    target tokens it cannot guess: under every sampler they get no probability (and nothing
+    turns into NaN), and drafts from such a row still give the target's distribution."""
+    row = np.array([2.0, -np.inf, 0.5, -np.inf, 1.0, -1.0, -np.inf, 0.0], np.float32)
+    p_full = np.array([0.05, 0.3, 0.1, 0.2, 0.05, 0.1, 0.15, 0.05])  # the target likes what the draft cannot guess
+    unfiltered = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        for s in (Sampler(0.0), unfiltered, Sampler(0.8)):
+            q = s.dist(row)
+            assert np.isfinite(q.probs).all() and abs(q.probs.sum() - 1) < 1e-9
+            assert [q.prob(t) for t in (1, 3, 6)] == [0.0, 0.0, 0.0]
+        counts = speculative_draws(dist(p_full), unfiltered.dist(row), 50_000, seed=1234, vocab=8)
+    assert chi2(counts, p_full) < CHI2_CRIT_001[7]
+
+
 def test_the_chi_square_check_catches_a_wrong_sampler():
     """Sanity check of the test itself: always accepting the draft gives q, not p."""
     p_raw, q_raw = CASES["close"]

@@ -23,7 +23,12 @@ The target's next token also depends on the context (its attention, its second b
 the head does not see: it is right a good part of the time, not always, so the tests see
 accepts and rejects.
 
-    paths = build_eagle3(tmp_dir, target_path)   # {"eagle3": Path, "eagle3-wide": Path}
+A head with its own smaller vocabulary (``d2t``, as almost every released head has) guesses
+among a subset of the target's tokens: its output head holds the target's output rows of those
+tokens, and its ``d2t`` (I64, one absolute target id per row, as llama.cpp's converter writes
+it) says which; llama.cpp scatters its logits into a target-wide row of -inf (``with_d2t``).
+
+    paths = build_eagle3(tmp_dir)   # {"eagle3": Path, "eagle3-wide": Path, "eagle3-d2t": Path}
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ EAGLE3_SEED = TARGET_SEED + 60
 SELF_SCALE = 3.0  # queries and keys: this times the fed token's normed embedding
 G_SCALE = 0.2  # normed g's weight in the residual stream, relative to the embedding's
 WIDE = 2 * N_EMBD  # the hidden size a mismatched head expects of its target
+D2T_EVERY = 2  # eagle3-d2t guesses among every D2T_EVERY-th token of the vocabulary
 
 
 def eagle3_weights(target: Weights, seed: int = EAGLE3_SEED, n_embd_target: int = N_EMBD) -> Weights:
@@ -79,6 +85,13 @@ def eagle3_weights(target: Weights, seed: int = EAGLE3_SEED, n_embd_target: int 
         "blk.0.ffn_down.weight": target["blk.0.ffn_down.weight"].copy(),
         "output_norm.weight": np.ones(N_EMBD, np.float32),
     }
+
+
+def with_d2t(head: Weights, target: Weights, ids) -> Weights:
+    """``head`` guessing among the target tokens ``ids`` only: its own output head (the target's
+    rows of those tokens) and a ``d2t`` holding the ids (int64: written as I64)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return {**head, "output.weight": target["output.weight"][ids].copy(), "d2t": ids}
 
 
 def write_eagle3(
@@ -121,13 +134,21 @@ def build_eagle3(directory: str | os.PathLike[str]) -> dict[str, Path]:
     eagle3       the taught head
     eagle3-wide  a head for a target twice as wide (``target_hidden_size`` 128): it cannot
                  read this target's layers
+    eagle3-d2t   the taught head guessing among every other token (``d2t``, D2T_EVERY)
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = bpe_vocab()
     target = make_weights(TARGET_SEED, len(vocab))
+    head = eagle3_weights(target)
     return {
-        "eagle3": write_eagle3(directory / "eagle3.gguf", vocab=vocab, weights=eagle3_weights(target)),
+        "eagle3": write_eagle3(directory / "eagle3.gguf", vocab=vocab, weights=head),
+        "eagle3-d2t": write_eagle3(
+            directory / "eagle3-d2t.gguf",
+            vocab=vocab,
+            weights=with_d2t(head, target, range(0, len(vocab), D2T_EVERY)),
+            name="tiny-eagle3-d2t",
+        ),
         "eagle3-wide": write_eagle3(
             directory / "eagle3-wide.gguf",
             vocab=vocab,

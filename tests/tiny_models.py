@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 
 N_EMBD = 64
 N_HEAD = 4
@@ -485,11 +485,19 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     return settle(tmp, path)
 
 
+# integer tensors (an EAGLE-3 head's d2t token map) keep their type
+_RAW_INT = {np.dtype(np.int64): GGMLQuantizationType.I64, np.dtype(np.int32): GGMLQuantizationType.I32}
+
+
 def write_tensors(writer: GGUFWriter, vocab: Vocab, weights: Weights) -> None:
-    """The vocabulary and the F32 tensors after the header keys already added; the file is written and closed."""
+    """The vocabulary and the tensors after the header keys already added (float ones as F32,
+    int64 and int32 ones as I64 and I32); the file is written and closed."""
     add_vocab(writer, vocab)
     for tensor_name, w in weights.items():
-        writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float32))
+        if w.dtype in _RAW_INT:
+            writer.add_tensor(tensor_name, np.ascontiguousarray(w), raw_dtype=_RAW_INT[w.dtype])
+        else:
+            writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
