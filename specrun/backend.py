@@ -793,7 +793,8 @@ class DraftHead:
     * **catching up lazily**: the queue is fed with the next draft step, in the same
       ``llama_process`` (or on its own once it fills a batch). A verify's rejected tokens are
       rolled back before that, so they are never fed at all: one head decode per drafting
-      round instead of llama.cpp's two (a catch-up, then the first draft step);
+      round instead of llama.cpp's two (a catch-up, then the first draft step). Chained MTP
+      heads feed it on its own, to every head (:class:`MtpHeads`);
     * **drafting** (:meth:`draft_step`): the target's pending token at position ``n_past``
       with its last state gives the first guess; each guess, fed back with the head's own
       output state, gives the next. :meth:`end_draft` forgets those positions again;
@@ -923,8 +924,12 @@ class DraftHead:
     def _feed(self, keep: int = 0) -> None:
         """Feed the queue to the head's cache, leaving at most ``keep`` entries queued."""
         while len(self._queue) > keep:
-            self._put(self._take(min(self.n_batch, len(self._queue) - keep)), None)
-            self._run("catch up")
+            self._catch_up(self._take(min(self.n_batch, len(self._queue) - keep)))
+
+    def _catch_up(self, entries: list[tuple[int, int, np.ndarray]]) -> None:
+        """Decode queued ``entries`` (at most a batch) into the head's cache."""
+        self._put(entries, None)
+        self._run("catch up")
 
     # --- drafting -------------------------------------------------------------------
 
@@ -934,22 +939,26 @@ class DraftHead:
         with the head's own state); the head's logits for the position after it (a view,
         valid until the next step)."""
         t0 = time.perf_counter()
-        if self._draft_pos is None:
-            if self.n_past < self.shift:
-                raise BackendError(f"the {self.what} draft from the target's layers, and it has decoded nothing yet")
-            self._feed(self.n_batch - 1)
-            pos = self.n_past
-            idx = self._put(self._take(self.n_batch - 1), (token, pos, self.state_before(pos)))
-        else:
-            assert self._draft_h is not None
-            pos = self._draft_pos
-            idx = self._add(token, pos - self.shift if self.own_cache else self.n_past, self._draft_h, True)
+        if self._draft_pos is None and self.n_past < self.shift:
+            raise BackendError(f"the {self.what} draft from the target's layers, and it has decoded nothing yet")
+        idx, pos = self._draft_batch(token)
         self._run("draft")
         self._draft_pos = pos + 1
         self._draft_h = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn_ith(self._ctx, idx), shape=(self.n_embd,)).copy()
         logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.target.n_vocab,))
         self.draft_s += time.perf_counter() - t0
         return logits
+
+    def _draft_batch(self, token: int) -> tuple[int, int]:
+        """Put a draft step's rows into the batch: (the batch index of the row whose logits
+        are read, the draft position of ``token``)."""
+        if self._draft_pos is None:
+            self._feed(self.n_batch - 1)
+            pos = self.n_past
+            return self._put(self._take(self.n_batch - 1), (token, pos, self.state_before(pos))), pos
+        assert self._draft_h is not None
+        pos = self._draft_pos
+        return self._add(token, pos - self.shift if self.own_cache else self.n_past, self._draft_h, True), pos
 
     def end_draft(self) -> None:
         """Forget the positions the draft steps wrote (the target's verify decode writes them again)."""
@@ -1001,12 +1010,26 @@ class MtpHeads(DraftHead):
     target's hidden state at p - 1 (its post-norm output, ``embeddings_nextn``), and predicts
     the token at p + 1, at position p of its cache. The rest is :class:`DraftHead`'s.
 
-    Several heads chained (step35, mimo2, hy-v3: one per draft position, llama.cpp's chain
-    mode) are not run as a chain here: the first head drafts alone, and a draft goes no
-    further than the heads are many (``max_draft``).
+    Several heads (``nextn_predict_layers`` > 1; step35, mimo2 and hy-v3 ship several) run as a
+    chain, as llama.cpp's ``draft-mtp`` runs them (common/speculative.cpp, ``chain_heads``):
+    head i makes a draft's guess i, so a draft is at most as long as the heads are many
+    (``max_draft``). Each head is a block of its own, with its own layer of the MTP context's
+    KV cache, and ``llama_set_nextn_layer_offset`` says which one a decode runs. So:
+
+    * a catch-up decodes its batch of queued pairs once per head, each time after forgetting
+      those positions (the decode before wrote them; the cells come back to the next head,
+      whose layer of them it writes);
+    * draft step i forgets the draft positions and decodes the whole draft so far under head
+      i: the pending token with the target's last state, then each guess t < i with the state
+      head t gave it; only the last row's logits are read.
+
+    That is n head decodes per catch-up, and i + 1 rows in step i. The queue goes in when a
+    draft begins, to every head (one head's goes in with its first step): a head whose step
+    does not come this round must hold it all the same.
     """
 
     what = "MTP heads"
+    chain = False  # several heads, one per draft position
 
     def __init__(self, target: Model):
         if target.n_nextn <= 0:
@@ -1016,7 +1039,9 @@ class MtpHeads(DraftHead):
         log = _ensure_init()
         log.mark()
         self.n_heads = target.n_nextn
-        self.max_draft = self.n_heads if self.n_heads > 1 else None
+        self.chain = self.n_heads > 1
+        self.max_draft = self.n_heads if self.chain else None
+        self._rows: list[tuple[int, int, np.ndarray]] = []  # chain: the draft so far, (token, position, state)
         ctx = _head_context(target._model, target, log, f"the MTP context for {target.path.name}", mtp=True)
         ll_ext.llama_set_embeddings_nextn(target._ctx, True, False)  # a state row for every token
         ll_ext.llama_set_embeddings_nextn(ctx, True, True)  # and for the heads' output rows
@@ -1039,6 +1064,42 @@ class MtpHeads(DraftHead):
         if seed is not None:
             idx = self._add(*seed, True)
         return idx
+
+    # --- chained heads ----------------------------------------------------------------
+
+    def _head(self, i: int) -> None:
+        """The next decodes run head ``i``."""
+        ll_ext.llama_set_nextn_layer_offset(self._ctx, i)
+
+    def _catch_up(self, entries) -> None:
+        if not self.chain:
+            return super()._catch_up(entries)
+        for i in range(self.n_heads):
+            ll.llama_memory_seq_rm(self._mem, 0, entries[0][1], -1)  # as the head before left them
+            self._head(i)
+            super()._catch_up(entries)
+        self._head(0)
+
+    def _draft_batch(self, token: int) -> tuple[int, int]:
+        if not self.chain:
+            return super()._draft_batch(token)
+        if self._draft_pos is None:
+            self._feed()
+            self._rows = [(token, self.n_past, self.state_before(self.n_past))]
+        else:
+            assert self._draft_h is not None
+            self._rows.append((token, self._draft_pos, self._draft_h))
+        step = len(self._rows) - 1
+        if step >= self.n_heads:  # pragma: no cover - the source drafts at most max_draft
+            raise ValueError(f"{self.n_heads} chained heads make {self.n_heads} guesses, and this would be guess {step + 1}")
+        ll.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)  # the draft so far, as the step before left it
+        self._head(step)
+        return self._put(self._rows[:-1], self._rows[-1]), self._rows[-1][1]
+
+    def end_draft(self) -> None:
+        if self.chain and self._draft_pos is not None:
+            self._head(0)
+        super().end_draft()
 
 
 def _head_context(model, target: Model, log: _Log, name: str, mtp: bool, n_batch: int | None = None):

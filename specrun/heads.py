@@ -38,9 +38,6 @@ MTP_ARCHS = frozenset(
         "deepseek4", "step35", "mimo2", "hy_v3", "bailingmoe3", "cohere2moe", "nemotron_h_moe",
     }
 )  # fmt: skip
-# of those, the ones whose several heads are chained, one per draft position (llama.cpp's
-# chain mode: a draft is at most as long as the heads are many)
-CHAINED_ARCHS = frozenset({"step35", "mimo2", "hy_v3"})
 
 
 @dataclass(frozen=True)
@@ -56,8 +53,10 @@ class Heads:
 
     @property
     def chained(self) -> bool:
-        """Several heads run one per draft position (so a draft is at most ``count`` long)."""
-        return self.count > 1 and self.architecture in CHAINED_ARCHS
+        """Several heads run as a chain, head i making a draft's guess i, so a draft is at most
+        ``count`` long (llama.cpp's rule, common/speculative.cpp: more than one head, in the
+        target's file; step35, mimo2 and hy_v3 ship several)."""
+        return self.count > 1
 
     @property
     def max_draft(self) -> int | None:
@@ -82,7 +81,7 @@ class Heads:
         n = f"{self.count} head{'s' if self.count > 1 else ''}"
         if not self.supported:
             return f"built-in MTP: {n}, but llama.cpp has no MTP graph for {self.architecture}"
-        return f"built-in MTP: {n}" + (" (chained, one per draft position)" if self.chained else "")
+        return f"built-in MTP: {n}" + (", chained (one per draft position)" if self.chained else "")
 
     def stripped_note(self) -> str | None:
         """For a file of a family that usually ships heads but has none, a note saying so."""

@@ -280,7 +280,8 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     if isinstance(mtp, Gemma4Assistant):
         notices.append(f"drafting with Gemma 4's MTP assistant {mtp.path.name} ({mtp.n_heads} blocks)")
     elif mtp is not None:
-        notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads})")
+        chain = f", chained: a draft is at most {mtp.n_heads} long" if mtp.chain else ""
+        notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads}{chain})")
     if eagle3 is not None:
         notices.append(f"drafting with the EAGLE-3 head {eagle3.path.name} (it reads the target's layers {list(eagle3.layers)})")
     p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, eagle3=eagle3, parallel=n_seq)

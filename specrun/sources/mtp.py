@@ -5,8 +5,9 @@ Nothing to load and nothing to catch up: the backend keeps the heads' cache in s
 target's (every target decode queues its tokens and hidden states for them, the first draft
 step feeds the queue, every rollback rolls them back too). Each guess is one head step: the
 first from the target's pending token and its last hidden state, each next one from the
-previous guess and the head's own state. With chained heads a draft is at most as long as the
-heads are many. Posteriors, stop rule and learning are the draft model's (``model.py``).
+previous guess and the head's own state. Several heads run as a chain (guess i is head i's,
+over the whole draft so far), so a draft is at most as long as the heads are many. Posteriors,
+stop rule and learning are the draft model's (``model.py``).
 """
 
 from __future__ import annotations
