@@ -101,6 +101,7 @@ class ModeSummary:
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     identical: bool = True  # greedy output identical to plain decoding
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
 
     def add(self, s: RunStats) -> None:
         self.tps.append(s.generation_tps)
@@ -108,6 +109,10 @@ class ModeSummary:
         self.accepted += s.n_accepted
         self.drafted_rounds += s.n_drafted_rounds
         add_per_position(self.proposed_at, self.accepted_at, s)
+        for name, counts in s.by_source.items():
+            mine = self.by_source.setdefault(name, [0, 0, 0])
+            for i, v in enumerate(counts):
+                mine[i] += v
 
     def to_json(self) -> dict:
         mean = statistics.fmean(self.tps) if self.tps else 0.0
@@ -126,6 +131,7 @@ class ModeSummary:
             "mean_accept_len": round(self.accepted / self.drafted_rounds, 4) if self.drafted_rounds else 0.0,
             "accept_per_position": [round(a / p, 4) if p else 0.0 for p, a in zip(self.proposed_at, self.accepted_at)],
             "identical_to_plain": self.identical,
+            "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in sorted(self.by_source.items())},
             "n": len(self.tps),
         }
 
@@ -270,17 +276,30 @@ def run_bench(
     runs: int,
     cost: CostModel,
     on_sample=None,
+    heads=None,
+    eagle3=None,
 ) -> BenchResult:
     """``tokenize(prompt) -> tokens`` applies the chat template; ``settings`` gives the knobs
     (draft-max etc.) and each mode (see ``parse_mode``) replaces its ``draft`` field, or
-    fixes K."""
+    fixes K. ``heads`` (the target's MTP heads) and ``eagle3`` (an EAGLE-3 head), attached to
+    the target, are sources for the modes that draft with them. Attached, they follow every
+    target decode, plain decoding's too: they keep the target's state row per token and catch
+    up once their queue fills a batch, which a prompt's reset empties first."""
     if runs < 1:
         raise UsageError("{runs} must be >= 1", "e.g. 2", "runs")
     all_modes = [BASELINE] + [m for m in modes if m != BASELINE]
     engines = {}
     for m in all_modes:
         s = mode_settings(settings, m)
-        engines[m] = Engine(target, draft if "model" in s.sources else None, s, sampler, cost)
+        engines[m] = Engine(
+            target,
+            draft if "model" in s.sources else None,
+            s,
+            sampler,
+            cost,
+            heads=heads if "mtp" in s.sources else None,
+            eagle3=eagle3 if "eagle3" in s.sources else None,
+        )
     token_lists = [tokenize(p) for p in prompts]
     if not cost.verify:
         engines[all_modes[-1]].calibrate()

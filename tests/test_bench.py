@@ -131,9 +131,9 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     lines = out.splitlines()
     header = lines.index(
         "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len "
-        "| accept by position | same text as plain |"
+        "| accept by position | accepted / drafted by source | same text as plain |"
     )
-    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|"
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|---|"
     rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
     assert [r.split(" | ")[:2] for r in rows[:4]] == [
         ["| code", "none"],
@@ -143,6 +143,8 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     ]
     assert all(r.endswith("| yes |") for r in rows[:4])
     assert "| code | model |" in out and " 100% |" in rows[1]
+    drafted = rows[1].split(" | ")[8]  # the copy of the target: every draft accepted, all by the model
+    assert drafted.startswith("model ") and len(set(drafted.removeprefix("model ").split("/"))) == 1
     assert "| mode | predicted speedup | measured speedup |" in out
     assert "| verify batch |" in out
     assert any(line.startswith("**Verdict:** use --draft ") for line in lines)

@@ -547,3 +547,17 @@ def test_serve_drafts_with_the_head(tiny, heads, tmp_path):
     finally:
         assert s.stop() == 143, s.stderr
     assert "Traceback" not in s.stderr, s.stderr
+
+
+def test_bench_runs_the_head_beside_plain_decoding(tiny, heads, tmp_path, capsys):
+    """`bench -d eagle3-head.gguf --draft eagle3`: the head drafts (counted by source) and the
+    text is plain decoding's."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"class": "c", "prompt": p, "chat": False}) + "\n" for p in PROMPTS[:2]), encoding="utf-8")
+    argv = ["bench", "-m", str(tiny["target"]), "-d", str(heads["eagle3"]), "-t", "1", "-c", "512", "--runs", "1", "-n", "24"]
+    code, out, err = cli([*argv, "--prompts", str(prompts), "--draft", "eagle3", "--fixed", "--draft-max", str(K), "--json"], capsys)
+    assert code == 0, err
+    overall = json.loads(out)["classes"]["overall"]
+    assert list(overall) == ["none", "eagle3"] and overall["eagle3"]["identical_to_plain"] is True
+    drafting = {k: v for k, v in overall["eagle3"]["by_source"].items() if v["drafted"]}
+    assert list(drafting) == ["eagle3"] and drafting["eagle3"]["drafted"] == overall["eagle3"]["drafted"] > 0

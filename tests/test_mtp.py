@@ -342,3 +342,30 @@ def test_hybrid_takes_the_heads_and_a_named_draft_model_beside_them(mtp, tiny):
     assert d is not None and d.path == tiny["target"] and s.mode == "hybrid" and uses_heads(t.path, s, d.path)
     t, d, s = resolve_pair(reg, str(mtp["mtp-stripped"]), None, hybrid)
     assert d is None and s.mode == "ngram" and not uses_heads(t.path, s, None)
+
+
+def test_bench_runs_the_heads_beside_plain_decoding(mtp, tmp_path, capsys):
+    """`bench --draft mtp,hybrid` on a target with heads and no draft model: both modes draft
+    with the heads (counted by source), and their text is plain decoding's."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"class": "c", "prompt": p, "chat": False}) + "\n" for p in PROMPTS[:2]), encoding="utf-8")
+    argv = ["bench", "-m", str(mtp["mtp"]), "-t", "1", "-c", "512", "--runs", "1", "-n", "24", "--prompts", str(prompts)]
+    code, out, err = cli([*argv, "--draft", "mtp,hybrid", "--fixed", "--draft-max", str(K), "--json"], capsys)
+    assert code == 0, err
+    overall = json.loads(out)["classes"]["overall"]
+    assert list(overall) == ["none", "mtp", "hybrid"]
+    for mode in ("mtp", "hybrid"):
+        assert overall[mode]["identical_to_plain"] is True, mode
+        assert overall[mode]["drafted"] > 0, mode
+    drafting = {k: v for k, v in overall["mtp"]["by_source"].items() if v["drafted"]}  # ("none": the plain rounds)
+    assert list(drafting) == ["mtp"] and drafting["mtp"]["drafted"] == overall["mtp"]["drafted"]
+    assert drafting["mtp"]["accepted"] == overall["mtp"]["accepted"]
+    assert not any(v["drafted"] for v in overall["none"]["by_source"].values())
+
+
+def test_bench_mtp_on_a_target_without_heads_is_one_line(mtp, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n", encoding="utf-8")
+    code, out, err = cli(["bench", "-m", str(mtp["mtp-stripped"]), "-t", "1", "--prompts", str(prompts), "--draft", "mtp"], capsys)
+    assert code == EXIT_USAGE
+    assert err.count("\n") == 1 and "needs built-in MTP heads" in err and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,13 +14,12 @@ from rich.table import Table
 from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
 from ..costs import CostModel
 from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
-from ..engine import Settings
 from ..errors import UsageError
 from ..learned import Learned
 from ..prompt import chat_prompt
 from ..sampling import Sampler
-from ..session import cost_store, load_costs
-from .common import load_pair, print_json, stderr, stdout
+from ..session import cost_store, load_costs, resolve_pair
+from .common import load_pair, load_registry, print_json, stderr, stdout
 from .options import LOADING, Options, shared
 
 
@@ -73,12 +73,18 @@ def register(app: typer.Typer) -> None:
         from .. import backend
 
         network: dict = {}
-        need = "model" if any(d in ("model", "hybrid") for d in draft_of.values()) else "none"
+        # each mode's own checks first, from the headers (a draft of its kind, the heads mtp
+        # drafts with); then one load that serves them all: that mode's, or hybrid's (all at hand)
+        kinds = {d for d in draft_of.values()} - {"none", "ngram"}
+        registry = load_registry(opts.registry)
+        for kind in sorted(kinds):
+            resolve_pair(registry, opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
+        need = kinds.pop() if len(kinds) == 1 else "hybrid" if kinds else "none"
         err = stderr()
-        pair = load_pair(opts, err, Settings(need))
+        pair = load_pair(opts, err, dataclasses.replace(opts.settings, mode=need))
         target_label, draft_label = pair.labels
-        if pair.draft is None:
-            wanted = [m for m in wanted if draft_of[m] not in ("model", "hybrid")] or ["ngram"]
+        if pair.settings_for(dataclasses.replace(opts.settings, mode="hybrid")).mode != "hybrid":  # hybrid would be ngram here
+            wanted = [m for m in wanted if draft_of[m] != "hybrid"] or ["ngram"]
         try:
 
             def tokenize(p):
@@ -96,8 +102,9 @@ def register(app: typer.Typer) -> None:
                 )
 
             result = run_bench(
-                pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress
-            )
+                pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress,
+                heads=pair.heads, eagle3=pair.eagle3,
+            )  # fmt: skip
             if cost.measured.get("disturbed"):
                 err.print(
                     f"specrun: the machine was busy while measuring ({cost.measured['disturbed']}): the curve is not stored", style="yellow"
@@ -137,6 +144,11 @@ def register(app: typer.Typer) -> None:
         return 0
 
 
+def _by_source(s: dict) -> str:
+    """Each source's accepted / drafted tokens, e.g. ``mtp 34/89, ngram 12/15``."""
+    return ", ".join(f"{k} {v['accepted']}/{v['drafted']}" for k, v in s["by_source"].items() if v["drafted"]) or "-"
+
+
 def _summary_rows(result: BenchResult, data: dict):
     """(class, mode, summary, acceptance-by-position text) in display order, overall last."""
     classes = sorted(c for c in data["classes"] if c != "overall") + ["overall"]
@@ -153,14 +165,14 @@ def to_markdown(result: BenchResult) -> str:
         f"Target {data['meta'].get('target')}, draft {data['meta'].get('draft')}, {data['meta'].get('threads')} threads, "
         f"-n {data['meta'].get('n_predict')}, {data['meta'].get('runs')} runs, llama_cpp {data['meta'].get('llama_cpp')}, {data['meta'].get('date')}",
         "",
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | accept by position | same text as plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | accept by position | accepted / drafted by source | same text as plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cls, mode, s, pos in _summary_rows(result, data):
         out.append(
             f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
             f"{s['speedup_ci95'][0]:.2f}-{s['speedup_ci95'][1]:.2f} | "
-            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {'yes' if s['identical_to_plain'] else 'NO'} |"
+            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {_by_source(s)} | {'yes' if s['identical_to_plain'] else 'NO'} |"
         )
     cm = data["cost_model"]
     out += ["", "Cost model (relative to one target token):", ""]
@@ -200,8 +212,8 @@ def to_markdown(result: BenchResult) -> str:
 def tables(result: BenchResult):
     data = result.to_json()
     t = Table(title="specrun bench", title_justify="left")
-    for col in ("class", "mode", "tok/s", "± sd", "speedup", "95% interval", "accept", "mean len", "by position"):
-        t.add_column(col, justify="left" if col in ("class", "mode", "by position") else "right")
+    for col in ("class", "mode", "tok/s", "± sd", "speedup", "95% interval", "accept", "mean len", "by position", "by source"):
+        t.add_column(col, justify="left" if col in ("class", "mode", "by position", "by source") else "right")
     for cls, mode, s, pos in _summary_rows(result, data):
         lo, hi = s["speedup_ci95"]
         t.add_row(
@@ -214,6 +226,7 @@ def tables(result: BenchResult):
             f"{100 * s['acceptance_rate']:.0f}%",
             f"{s['mean_accept_len']:.2f}",
             pos,
+            _by_source(s),
         )
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
