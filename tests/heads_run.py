@@ -8,6 +8,14 @@ from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.sampling import Sampler
 
+# every head's exactness runs: 64 tokens of each of three prompts (prose, code, Japanese)
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The",
+    "def fibonacci(n: int) -> int:\n    if n < 2:",
+    "今日はとても良い天気です。私は",
+]
+N_TOKENS = 64
+
 
 def run(target: Model, settings: Settings, prompt: list[int], n: int, sampler: Sampler | None = None, on_step=None, cost=None):
     """One generation from a clean cache, with whatever heads ``target`` has attached; the

@@ -17,6 +17,7 @@ from pathlib import Path
 import heads_run
 import numpy as np
 import pytest
+from heads_run import N_TOKENS, PROMPTS
 from tiny_gemma4 import N_EMBD, build_gemma4
 
 from specrun.backend import Gemma4Assistant, LoadOptions, Model
@@ -29,12 +30,6 @@ from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
 
 K = 6
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. The",
-    "def fibonacci(n: int) -> int:\n    if n < 2:",
-    "今日はとても良い天気です。私は",
-]
-N_TOKENS = 64
 FLAT = {b: 0.01 for b in range(1, 34)}  # a dear verify, as on a large target: drafting pays
 
 

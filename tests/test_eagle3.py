@@ -17,6 +17,7 @@ from pathlib import Path
 import heads_run
 import numpy as np
 import pytest
+from heads_run import N_TOKENS, PROMPTS
 from tiny_eagle3 import D2T_EVERY, N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, with_d2t, write_eagle3
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
@@ -32,12 +33,6 @@ from specrun.server.metrics import Metrics
 from specrun.sources.eagle3 import Eagle3Source
 
 K = 6  # drafts per round
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. The",
-    "def fibonacci(n: int) -> int:\n    if n < 2:",
-    "今日はとても良い天気です。私は",
-]
-N_TOKENS = 64
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from pathlib import Path
 import heads_run
 import numpy as np
 import pytest
+from heads_run import N_TOKENS, PROMPTS
 from tiny_mtp import TRUNK_LAYERS, build_mtp, mtp_block, mtp_variants
 
 from specrun.backend import LoadOptions, Model, MtpHeads
@@ -36,12 +37,6 @@ from specrun.session import resolve_pair, uses_heads
 
 SNAPSHOTS = 6  # recurrent-state snapshots on the target: a verify rolls back at most this many
 K = SNAPSHOTS  # drafts per round (a near-tie deferred at a verify's first row restores a checkpoint)
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. The",
-    "def fibonacci(n: int) -> int:\n    if n < 2:",
-    "今日はとても良い天気です。私は",
-]
-N_TOKENS = 64
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import heads_run
 import llama_cpp as ll
 import numpy as np
 import pytest
+from heads_run import N_TOKENS, PROMPTS
 from llama_cpp import llama_cpp_ext as ll_ext
 from tiny_mimo2 import N_HEADS, N_LAYER, build_mimo2
 
@@ -30,12 +31,6 @@ from specrun.heads import heads_of
 from specrun.modelinfo import model_info
 
 K = 6  # asked for per round: more than the heads can make
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. The",
-    "def fibonacci(n: int) -> int:\n    if n < 2:",
-    "今日はとても良い天気です。私は",
-]
-N_TOKENS = 64
 
 
 @pytest.fixture(scope="session")

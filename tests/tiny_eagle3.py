@@ -37,9 +37,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
 from tiny_models import (
-    CONTEXT_LENGTH,
     HEAD_DIM,
     N_EMBD,
     N_FF,
@@ -49,6 +47,7 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
+    begin,
     bpe_vocab,
     make_weights,
     settle,
@@ -106,13 +105,7 @@ def write_eagle3(
     """Write one eagle3 GGUF (the target's tokenizer, as llama.cpp's converter copies it);
     rewrites ``path`` only if its bytes would change."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    w = GGUFWriter(tmp, "eagle3")
-    w.add_name(name)
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_vocab_size(len(vocab))
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(N_EMBD)
+    w, tmp = begin(path, "eagle3", name, len(vocab))
     w.add_block_count(1)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(N_HEAD)

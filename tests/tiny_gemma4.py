@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
+from gguf import GGUFWriter
 from tiny_models import (
     CONTEXT_LENGTH,
     HEAD_DIM,
@@ -37,6 +37,7 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
+    begin,
     bpe_vocab,
     settle,
     write_tensors,
@@ -128,13 +129,7 @@ def assistant_weights(target: Weights, seed: int = GEMMA4_SEED + 1) -> Weights:
 
 
 def _write(path: Path, arch: str, vocab: Vocab, weights: Weights, name: str, n_embd: int, swa: tuple[bool, ...], n_ff: int, extra) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    w = GGUFWriter(tmp, arch)
-    w.add_name(name)
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_vocab_size(len(vocab))
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(n_embd)
+    w, tmp = begin(path, arch, name, len(vocab), n_embd)
     w.add_block_count(len(swa))
     w.add_feed_forward_length(n_ff)
     w.add_head_count(N_HEAD)

@@ -28,9 +28,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
 from tiny_models import (
-    CONTEXT_LENGTH,
     HEAD_DIM,
     LATER_LAYER_SCALE,
     LOGIT_STD,
@@ -44,6 +42,7 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
+    begin,
     bpe_vocab,
     perturbed,
     settle,
@@ -224,13 +223,7 @@ def write_hybrid(path: str | os.PathLike[str], arch: str, *, vocab: Vocab, weigh
     if n_vocab != len(vocab):
         raise ValueError(f"weights are for {n_vocab} tokens, the vocabulary has {len(vocab)}")
     n_mtp = sum(1 for k in weights if k.endswith("nextn.eh_proj.weight"))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    w = GGUFWriter(tmp, arch)
-    w.add_name(name)
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_vocab_size(n_vocab)
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(N_EMBD)
+    w, tmp = begin(path, arch, name, n_vocab)
     w.add_block_count(N_LAYER + n_mtp)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(N_HEAD)

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
 from tiny_models import (
     CONTEXT_LENGTH,
     HEAD_DIM,
@@ -40,6 +39,7 @@ from tiny_models import (
     TARGET_SEED,
     Vocab,
     Weights,
+    begin,
     bpe_vocab,
     settle,
     write_tensors,
@@ -109,13 +109,7 @@ def write_mimo2(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
     path = Path(path)
     n_heads = sum(1 for k in weights if k.endswith("nextn.eh_proj.weight"))
     n_blocks = N_LAYER + n_heads
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    w = GGUFWriter(tmp, "mimo2")
-    w.add_name(name)
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_vocab_size(len(vocab))
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(N_EMBD)
+    w, tmp = begin(path, "mimo2", name, len(vocab))
     w.add_block_count(n_blocks)
     w.add_feed_forward_length(N_FF)
     w.add_uint32("mimo2.expert_feed_forward_length", N_FF)  # required, though no block has experts

@@ -489,6 +489,19 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
 _RAW_INT = {np.dtype(np.int64): GGMLQuantizationType.I64, np.dtype(np.int32): GGMLQuantizationType.I32}
 
 
+def begin(path: Path, arch: str, name: str, n_vocab: int, n_embd: int = N_EMBD) -> tuple[GGUFWriter, Path]:
+    """A GGUF writer for ``arch`` on a temporary file beside ``path`` (``settle`` moves it
+    there), with the keys every tiny model starts with."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    w = GGUFWriter(tmp, arch)
+    w.add_name(name)
+    w.add_file_type(LlamaFileType.ALL_F32)
+    w.add_vocab_size(n_vocab)
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(n_embd)
+    return w, tmp
+
+
 def write_tensors(writer: GGUFWriter, vocab: Vocab, weights: Weights) -> None:
     """The vocabulary and the tensors after the header keys already added (float ones as F32,
     int64 and int32 ones as I64 and I32); the file is written and closed."""
