@@ -73,13 +73,13 @@ def register(app: typer.Typer) -> None:
         from .. import backend
 
         network: dict = {}
-        # each mode's own checks first, from the headers (a draft of its kind, the heads mtp
-        # drafts with); then one load that serves them all: that mode's, or hybrid's (all at hand)
-        kinds = {d for d in draft_of.values()} - {"none", "ngram"}
-        registry = load_registry(opts.registry)
-        for kind in sorted(kinds):
-            resolve_pair(registry, opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
-        need = kinds.pop() if len(kinds) == 1 else "hybrid" if kinds else "none"
+        # one load serves every mode: that mode's, or hybrid's (all at hand) for several; the
+        # other modes' own checks (a draft of their kind, the heads mtp drafts with) run first,
+        # from the headers, as the load runs the one it is for
+        kinds = set(draft_of.values()) - {"none", "ngram"}
+        need = next(iter(kinds)) if len(kinds) == 1 else "hybrid" if kinds else "none"
+        for kind in sorted(kinds - {need}):
+            resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
         err = stderr()
         pair = load_pair(opts, err, dataclasses.replace(opts.settings, mode=need))
         target_label, draft_label = pair.labels
