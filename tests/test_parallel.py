@@ -29,7 +29,9 @@ def run_alone(target, draft, settings: Settings, prompt: list[int], n: int) -> t
 
 
 @pytest.mark.parametrize("draft_mode", ["none", "model", "ngram"])
-def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode):
+def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monkeypatch):
+    import llama_cpp
+
     from specrun.backend import Gate, LoadOptions, Model
 
     settings = Settings(mode=draft_mode)
@@ -42,9 +44,12 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode):
         for t in (t1, d1):
             t.reset()
     gate = Gate()
+    decoders: set[int] = set()  # the threads llama_decode ran on
+    real_decode = llama_cpp.llama_decode
     opts = LoadOptions(n_ctx=256, n_threads=1, n_seq_max=3, n_outputs_max=192)
     with Model(tiny["target"], opts) as tn, Model(tiny["draft-perturbed"], opts) as dn:
         assert tn.n_ctx >= 256
+        monkeypatch.setattr(llama_cpp, "llama_decode", lambda ctx, b: decoders.add(threading.get_ident()) or real_decode(ctx, b))
         got: list[tuple[list[int], str] | None] = [None] * 3
         errors: list[BaseException] = []
 
@@ -67,6 +72,18 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode):
         assert got == alone
         assert len({text for _, text in alone}) == 3
         assert gate.rows > gate.passes  # batches carried more than one sequence's rows
+        # every batch ran on one thread, none of the members' (see backend.on_own_thread)
+        assert len(decoders) == 1 and not decoders & {th.ident for th in threads} and threading.get_ident() not in decoders
+
+
+def test_work_done_once_runs_on_a_thread_that_has_ended():
+    from specrun.backend import on_own_thread
+
+    seen: list[threading.Thread] = []
+    assert on_own_thread(lambda: seen.append(threading.current_thread()) or 7) == 7
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(KeyError, match="gone"):
+        on_own_thread(lambda: {}["gone"])
 
 
 def test_a_sequence_rolls_back_alone(tiny):

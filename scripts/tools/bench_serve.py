@@ -3,7 +3,9 @@
     python scripts/tools/bench_serve.py -m qwen-1.5b -d qwen-0.5b -t 2 [--runs 3] [-n 64] [--sections speed,cache,load] [--json]
 
 1. Speed: for each prompt (chat, code-gen, code-edit from the packaged bench set) and each
-   drafting mode (hybrid, none), interleaved run by run: `specrun generate --json` (its own
+   drafting mode (hybrid, none), interleaved run by run, generate first in even runs and the
+   server first in odd ones (a process that has just loaded and freed the model slows what
+   runs next on a small machine): `specrun generate --json` (its own
    generation tok/s, prompt processing excluded) and the same prompt streamed through the
    server, timed at the client from sending the request to `[DONE]`, less the prompt
    processing time the server reports (`timings.prompt_ms`). A short unrelated request goes
@@ -106,12 +108,15 @@ def speed(server: Server, args, prompts: list[dict]) -> list[dict]:
         for mode in ("hybrid", "none"):
             body = {"messages": messages, "max_tokens": n, "temperature": 0, "draft": mode}
             gen, srv, inner = [], [], []
-            for _ in range(args.runs):  # interleaved, so that drift hits both alike
-                gen.append(generate_tps(args, p["prompt"], mode, n, piped=args.piped))
+            for run in range(args.runs):  # interleaved, and which goes first turns round run by run
+                if run % 2 == 0:
+                    gen.append(generate_tps(args, p["prompt"], mode, n, piped=args.piped))
                 bust(server, mode)
                 r = stream_timed(server, body)
                 srv.append(r["tokens"] / (r["total_s"] - r["timings"]["prompt_ms"] / 1e3))
                 inner.append(r["timings"]["predicted_per_second"])  # the server's engine, same request
+                if run % 2 == 1:
+                    gen.append(generate_tps(args, p["prompt"], mode, n, piped=args.piped))
             row = {"class": p["class"], "mode": mode, "n": n, "generate_tps": statistics.median(gen), "serve_tps": statistics.median(srv)}
             row["serve_engine_tps"] = statistics.median(inner)
             row["ratio"] = statistics.median(

@@ -157,6 +157,7 @@ def register(app: typer.Typer) -> None:
 
 def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, quiet: bool, err: Console):
     """Serve until a signal; returns it, and whether the engine thread has let go of the models."""
+    from ..backend import on_own_thread
     from ..server.app import Served, create_app
     from ..server.host import Host
     from ..server.metrics import Metrics
@@ -165,7 +166,8 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)
     store = cost_store()
-    engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
+    # a calibration decodes: on a thread that ends, so that the engine threads decode alone (see on_own_thread)
+    engine = on_own_thread(lambda: open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim")))
     resolved = load_registry(opts.registry).resolve(opts.model)
     served = Served(
         name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft_model=pair.labels[1],
