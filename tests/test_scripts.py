@@ -150,3 +150,18 @@ def test_compare_serve_measures_a_real_server(tiny, tmp_path: Path) -> None:
         assert len(s.ttft_ms) == 2 and all(t > 0 for t in s.ttft_ms) and s.total_tps > 0
     text = cs.table([one, two], ["specrun"], ["chat"], [1, 2])
     assert text.splitlines()[1].split()[:3] == ["specrun", "chat", "1"] and len(text.splitlines()) == 3
+
+
+def test_compare_serve_starts_a_server_per_turn_and_stops_it(tiny, tmp_path: Path, capsys) -> None:
+    """The whole loop, on tiny models: each run starts the setup's server for its turn and
+    stops it after (only one holds the models at a time), and the table comes out."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import compare_serve as cs
+
+    argv = ["--setups", "specrun", "--target", str(tiny["target"]), "--draft", str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024"]
+    assert cs.main([*argv, "--runs", "2", "-n", "4", "--limit", "1", "--clients", "1", "--classes", "chat"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("starting specrun") == 2 and out.count("run 1 specrun") == 1 and out.count("run 2 specrun") == 1
+    assert any(line.split()[:3] == ["specrun", "chat", "1"] for line in out.splitlines())

@@ -10,9 +10,11 @@ Setups (``--setups``, any of them, in this order):
 * ``plain``: ``llama-server -m T`` (no speculation);
 * ``specrun``: ``specrun serve -m T -d D`` at its defaults.
 
-Every server is started once on a free 127.0.0.1 port and kept up; then, run by run, each
-setup is measured in turn (A B C D, A B C D, ...), so drift in the machine's speed falls on
-all of them alike. A measurement streams the prompts of each class (``--classes``, from
+Run by run, each setup is measured in turn (A B C D, B C D A, ...), so drift in the machine's
+speed falls on all of them alike. Each server is started for its turn on a free 127.0.0.1 port
+and stopped after it, so only one holds the models at a time: on a VM a process that loads a
+model while another holds one can get faster memory (see BENCHMARKS.md), which would favour
+whichever server started last. A measurement streams the prompts of each class (``--classes``, from
 specrun's packaged bench prompts) through ``openai.OpenAI(...).chat.completions.create(...,
 stream=True)``, greedy, ``-n`` tokens at most, with 1 client (the prompts one after another)
 and with 4 concurrent clients (``--clients``: one prompt each, started together). Each run
@@ -107,7 +109,7 @@ class Running:
 
     def __init__(self, setup: str, cmd: list[str], port: int, log: Path, timeout: float = 600.0):
         self.setup, self.port, self.log = setup, port, log
-        self.out = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.out = open(log, "a")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -296,23 +298,21 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             raise SystemExit(f"error: model file {path} does not exist")
     logs = Path(tempfile.mkdtemp(prefix="compare-serve-"))
-    servers: list[Running] = []
     samples: list[Sample] = []
-    try:
-        for s in args.setups:
-            print(f"starting {s}: {shlex.join(cmds[s])}", flush=True)
-            servers.append(Running(s, cmds[s], ports[s], logs / f"{s}.log"))
-        for run in range(1, args.runs + 1):
-            for cls in args.classes:
-                for k in args.clients:
-                    for server in servers:  # alternated: every setup once per run, in turn
+    for run in range(1, args.runs + 1):
+        turn = (run - 1) % len(args.setups)  # which setup goes first turns round, run by run
+        for s in args.setups[turn:] + args.setups[:turn]:
+            print(f"run {run}: starting {s}: {shlex.join(cmds[s])}", flush=True)
+            server = Running(s, cmds[s], ports[s], logs / f"{s}.log")  # alone: the others are stopped
+            try:
+                for cls in args.classes:
+                    for k in args.clients:
                         sample = measure(server, cls, prompts[cls], k, run, args.max_tokens)
                         samples.append(sample)
                         print(f"run {run} {server.setup:12} {cls:10} {k} client(s): {med(sample.per_client_tps):7.2f} tok/s per client, "
                               f"{sample.total_tps:7.2f} total, TTFT {med(sample.ttft_ms):6.0f} ms", flush=True)  # fmt: skip
-    finally:
-        for server in servers:
-            server.stop()
+            finally:
+                server.stop()
     print()
     print(table(samples, args.setups, args.classes, args.clients))
     print(f"server logs: {logs}")
