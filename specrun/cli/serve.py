@@ -112,9 +112,9 @@ def register(app: typer.Typer) -> None:
                 "-np",
                 min=0,
                 max=64,
-                help="Requests that decode together, in one batch per step; 0: as many as the KV cache fits in memory, up to 4 (1 with MTP heads or recurrent models). Greedy output of concurrent requests can then differ from a request's alone where batched kernels move a logit (see docs/serve.md).",
+                help="Requests that decode together, in one batch per step; 0 (the default): as many as the KV cache fits in memory, up to 4 (1 with MTP heads or recurrent models); 1: one at a time. Greedy output of concurrent requests can then differ from a request's alone where batched kernels move a logit (see docs/serve.md).",
             ),
-        ] = 1,
+        ] = 0,
         max_queue: Annotated[
             int,
             typer.Option(
