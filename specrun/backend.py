@@ -1423,10 +1423,15 @@ class Gate:
         return ask
 
     def _run(self) -> None:
-        """The gate's thread: a pass whenever every member waits (and someone asked)."""
+        """The gate's thread: a pass whenever every member waits (and someone asked). It ends
+        once nobody is a member or waits (between requests), and the next decode starts
+        another: a thread that has ended holds no OpenMP team."""
         with self.cond:
             while True:
                 while not (self.waiting >= self.members and any(self.pending.values())):
+                    if self.members == 0 and self.waiting == 0:
+                        self._runner = None
+                        return
                     self.cond.wait()
                 try:
                     self._pass()

@@ -74,6 +74,10 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monke
         assert gate.rows > gate.passes  # batches carried more than one sequence's rows
         # every batch ran on one thread, none of the members' (see backend.on_own_thread)
         assert len(decoders) == 1 and not decoders & {th.ident for th in threads} and threading.get_ident() not in decoders
+        # ... and that thread ends once every member has left (it would keep its OpenMP team)
+        for runner in [t for t in threading.enumerate() if t.ident in decoders]:
+            runner.join(60)
+            assert not runner.is_alive()
 
 
 def test_work_done_once_runs_on_a_thread_that_has_ended():
