@@ -95,8 +95,8 @@ def stream_timed(server: Server, body: dict) -> dict:
 
 def bust(server: Server, mode: str) -> None:
     """Another short conversation first, so that the measured request prefills its whole
-    prompt, as generate does (a prefill also brings the weights back into the caches after
-    the server sat idle while generate ran)."""
+    prompt, as generate does, and does not pay for the first decode after a load or a pause,
+    which is slow (as the calibration leaves it out too)."""
     status, _, r = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1, "draft": mode})
     assert status == 200, r
 

@@ -287,11 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    ports = {s: free_port() for s in args.setups}
-    cmds = {s: command(s, args, ports[s]) for s in args.setups}
     if args.dry_run:
         for s in args.setups:
-            print(f"{s}: {shlex.join(cmds[s])}")
+            print(f"{s}: {shlex.join(command(s, args, free_port()))}")
         return 0
     prompts = bench_prompts(args.classes, args.limit)
     for path in (args.target, args.draft):
@@ -302,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     for run in range(1, args.runs + 1):
         turn = (run - 1) % len(args.setups)  # which setup goes first turns round, run by run
         for s in args.setups[turn:] + args.setups[:turn]:
-            print(f"run {run}: starting {s}: {shlex.join(cmds[s])}", flush=True)
-            server = Running(s, cmds[s], ports[s], logs / f"{s}.log")  # alone: the others are stopped
+            port = free_port()  # picked at each start: a port freed a run ago may have been taken since
+            cmd = command(s, args, port)
+            print(f"run {run}: starting {s}: {shlex.join(cmd)}", flush=True)
+            server = Running(s, cmd, port, logs / f"{s}.log")  # alone: the others are stopped
             try:
                 for cls in args.classes:
                     for k in args.clients:

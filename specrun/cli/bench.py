@@ -78,8 +78,11 @@ def register(app: typer.Typer) -> None:
         # from the headers, as the load runs the one it is for
         kinds = set(draft_of.values()) - {"none", "ngram"}
         need = next(iter(kinds)) if len(kinds) == 1 else "hybrid" if kinds else "none"
-        for kind in sorted(kinds - {need}):
-            resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
+        others = sorted(kinds - {need})
+        if others:
+            registry = load_registry(opts.registry)
+            for kind in others:
+                resolve_pair(registry, opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
         err = stderr()
         pair = load_pair(opts, err, dataclasses.replace(opts.settings, mode=need))
         target_label, draft_label = pair.labels
