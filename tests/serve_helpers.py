@@ -57,16 +57,21 @@ class Server:
     def stderr(self) -> str:
         return "".join(self.lines)
 
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process has ended and its last stderr line is read (the
+        drain thread may still hold it when the process is gone)."""
+        rc = self.proc.wait(timeout)
+        self._drain.join(timeout)
+        return rc
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            rc = self.proc.wait(timeout)
+            return self.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise
-        self._drain.join(5)
-        return rc
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -346,7 +346,7 @@ def test_a_worker_lost_under_serve_ends_the_server_with_exit_3(tiny, tmp_path):
     s = Server(["-m", str(tiny["target"]), "--draft", "none", "-t", "2", "-c", "1024", "--quiet", "--rpc", w.endpoint], tmp_path)
     try:
         status, _, body = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
-        assert status == 200 and body["usage"]["completion_tokens"] == 8, body
+        assert status == 200 and body["usage"]["completion_tokens"] == 8, (body, s.stderr)
         w.proc.kill()
         w.proc.wait(10)
         try:
@@ -354,11 +354,11 @@ def test_a_worker_lost_under_serve_ends_the_server_with_exit_3(tiny, tmp_path):
             answered = status
         except (OSError, http.client.HTTPException):
             answered = None  # the process ended under the request
-        rc = s.proc.wait(30)
+        rc = s.wait(30)
     finally:
         s.kill()
         w.stop()
-    assert answered != 200
+    assert answered != 200, s.stderr
     assert rc == EXIT_INPUT, s.stderr
     assert "Traceback" not in s.stderr
     line = error_line(s.stderr)

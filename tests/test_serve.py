@@ -446,7 +446,7 @@ def test_sigterm_during_a_stream_ends_it_with_a_finish_reason_and_exits_143(tiny
         assert finals[0]["timings"]["predicted_n"] < 4000
         waiter.join(30)
         assert queued and error_of(queued[0][0], queued[0][2], 503)["code"] == "shutting_down"
-        rc = s.proc.wait(30)
+        rc = s.wait(30)
         assert rc == 143
     finally:
         s.kill()
