@@ -49,6 +49,8 @@ class Plan:
     source: str  # a source's name, or "none"
     k: int
     rate: float = 0.0  # expected tokens per second of this plan (a source's stop rule uses it)
+    rates: tuple[float, ...] = ()  # the acceptance by position it was chosen on (a draw): the stop
+    # rule goes on with the same hopes, so that what the draw tries is tried in full
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,10 @@ class Chooser:
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            k, rate = self.best(np.array(src.acceptance(cap, rng, scale)), draft, c, r)
+            drawn = src.acceptance(cap, rng, scale)
+            k, rate = self.best(np.array(drawn), draft, c, r)
             if k and rate > plan.rate:
-                plan = Plan(name, k, rate)
+                plan = Plan(name, k, rate, tuple(drawn))
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])

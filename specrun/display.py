@@ -437,8 +437,11 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         if c1:
             t.add_row("one token", f"{1e3 * c1:.2f} ms ({1 / c1:.1f} tok/s)")
             t.add_row("verify b tokens (x one)", "  ".join(f"{b}: {v / c1:.2f}" for b, v in sorted(verify.items())))
-            dpt = ((e.get("sources") or {}).get("model") or {}).get("per_token")
+            model = (e.get("sources") or {}).get("model") or {}
+            dpt, first = model.get("per_token"), model.get("first_s")
             t.add_row("draft per token (x one)", f"{dpt / c1:.2f}" if isinstance(dpt, (int, float)) else "-")
+            if isinstance(first, (int, float)):
+                t.add_row("a round's first draft (x one)", f"{first / c1:.2f}")
         else:
             t.add_row("verify curve", "none stored")
         if measured:

@@ -3,7 +3,7 @@ drawn from (needed for exact sampling). The sources themselves are in ``sources/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .sampling import Dist
 
@@ -18,12 +18,14 @@ class Proposal:
     confidences: list[float] = field(default_factory=list)  # model only: the draft's top-token probability per guess
     sync_s: float = 0.0  # model only: of the time spent, what went to catching the draft's cache up (a one-off)
     caught_up: int = 0  # model only: how many tokens that catch-up evaluated
+    first_s: float = 0.0  # token by token drafting: seconds to the first draft, the catch-up left out
+    step_s: float = 0.0  # ... and per draft after it (0: no second draft)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, k: int) -> Proposal:
-        return Proposal(self.tokens[:k], self.dists[:k], self.match, self.confidences[:k], self.sync_s, self.caught_up)
+        return replace(self, tokens=self.tokens[:k], dists=self.dists[:k], confidences=self.confidences[:k])
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:

@@ -39,7 +39,7 @@ class Arm:
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth):
+    def propose(self, tokens, k, worth, rates=()):
         return Proposal([1] * k)
 
     def observe(self, o: Outcome):

@@ -247,6 +247,29 @@ def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_
     assert flat.positions.means()[0] < 0.5
 
 
+def test_the_stop_rule_drafts_on_with_the_hopes_the_round_was_planned_on(loaded):
+    """The chooser plans a round on a draw from the position posteriors; the stop rule goes on
+    with that draw, not with the means it may have beaten: a hopeful draw about positions
+    never yet accepted gets a long draft, so that the hope is put to the test."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.stats import RoundStats
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    prompt = target.tokenize(PROMPTS[0])
+    src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 16)
+    src.per_token = 0.3 * FLAT[1]  # a draft step costs 0.3 of a target step, on a flat verify
+    for _ in range(40):  # every draft it made was accepted, but only ever one a round
+        p = src.propose(prompt, 1, 0.0)
+        src.observe(Outcome("model", p, 1, p.tokens, False, RoundStats("model", 1, 1, 0, 0.0, 0.0, 0.0)))
+    src.positions.bins[1].n = 3.0  # and the one time it drafted two, the second was rejected
+    assert src.positions.means()[1] < 0.5
+    worth = 1.5 / FLAT[1]
+    on_means = len(src.propose(prompt, 16, worth).tokens)
+    hopeful = len(src.propose(prompt, 16, worth, [0.95] * 16).tokens)
+    assert on_means <= 2 and hopeful >= 4  # (it stops where the draft's own confidence falls)
+
+
 def test_the_stop_rule_looks_past_a_step_in_the_verify_curve(loaded):
     """A verify curve with a step (as the demo target's on this CPU: 8 tokens cost as much as
     16): a confident, well-accepted draft goes on to the far side of the step instead of stopping
@@ -278,8 +301,9 @@ def test_the_stop_rule_looks_past_a_step_in_the_verify_curve(loaded):
 
 
 def test_a_drafted_tokens_cost_is_learned_from_its_steps_not_from_a_catch_up(loaded):
-    """The first draft after a catch-up comes out of the catch-up's decode: it is not a free
-    token, so the per-token cost learns from the later ones only."""
+    """Drafting K tokens costs one first draft (which also feeds what the last round added)
+    and K - 1 steps, each learned from the source's own timings. The first draft after a
+    catch-up comes out of the catch-up's decode: that round teaches nothing of a first draft."""
     from specrun.sources import ModelSource
     from specrun.sources.base import Outcome
     from specrun.stats import RoundStats
@@ -290,13 +314,16 @@ def test_a_drafted_tokens_cost_is_learned_from_its_steps_not_from_a_catch_up(loa
     draft.reset()
     tokens = target.tokenize(PROMPTS[0] * 4)
     p = src.propose(tokens, 1, 0.0)  # a catch-up of the whole prompt, and one draft out of it
-    assert p.sync_s > 0 and len(p.tokens) == 1
+    assert p.sync_s > 0 and len(p.tokens) == 1 and p.step_s == 0
     src.observe(Outcome("model", p, 1, p.tokens, False, RoundStats("model", 1, 1, 0, p.sync_s, 0.0, 0.0)))
-    assert src.per_token == 0.02  # nothing learned: no draft step was taken
+    assert src.per_token == 0.02 and src.first_s is None  # nothing learned: no step, and no first draft of its own
     p = src.propose(tokens + p.tokens, 3, 0.0)  # a normal round: one or two new tokens, then steps
-    assert p.sync_s == 0 and len(p.tokens) == 3
-    src.observe(Outcome("model", p, 3, p.tokens, False, RoundStats("model", 3, 3, 0, 0.006, 0.0, 0.0)))
-    assert src.per_token == pytest.approx(0.02 + EWMA * (0.002 - 0.02))
+    assert p.sync_s == 0 and len(p.tokens) == 3 and p.first_s > 0 and p.step_s > 0
+    src.observe(Outcome("model", p, 3, p.tokens, False, RoundStats("model", 3, 3, 0, p.first_s + 2 * p.step_s, 0.0, 0.0)))
+    assert src.first_s == p.first_s
+    assert src.per_token == pytest.approx(0.02 + EWMA * (p.step_s - 0.02))
+    assert src.cost(1) == pytest.approx(src.first_s)
+    assert src.cost(5) - src.cost(1) == pytest.approx(4 * src.per_token)
 
 
 def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded):

@@ -12,7 +12,7 @@ is tried now and then and one that is known to lose is not, with no separate pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -146,9 +146,10 @@ class Source(Protocol):
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(self, tokens: list[int], k: int, worth: float) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
         """Up to k drafts; a source that sees its confidence may stop early, when one more
-        token would bring fewer tokens per second than ``worth``."""
+        token would bring fewer tokens per second than ``worth`` (``rates``: the acceptance by
+        position the round was planned on; none given, its means)."""
 
     def observe(self, outcome: Outcome) -> None:
         """Learn from the round just done."""

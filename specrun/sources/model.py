@@ -19,9 +19,10 @@ the rejected guesses, evaluating what is new) in one batch, then drafts one toke
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,7 +56,9 @@ class Autoregressive:
         self.verify = cost  # the target's verify curve, for the stop rule
         self.positions = RateTable(draft_max)  # a_j: position j accepted, given the ones before were
         self.by_conf = [Rate() for _ in range(CONF_BINS)]  # acceptance by the draft's confidence
-        self.per_token: float | None = None  # seconds per drafted token
+        self.per_token: float | None = None  # seconds per draft step: each draft after a round's first
+        self.first_s: float | None = None  # seconds to a round's first draft: it also feeds what the
+        # last round added (one or two tokens), so it costs more than a step
         self.p_min = 0.0  # fixed mode: stop below this confidence (the chooser's rule is off)
 
     # --- what a subclass provides ------------------------------------------------------
@@ -81,7 +84,10 @@ class Autoregressive:
         return self.per_token if self.per_token is not None else 0.5 * self.verify.verify_cost(1)
 
     def cost(self, k: int) -> float:
-        return k * self.token_cost()
+        if k <= 0:
+            return 0.0
+        step = self.token_cost()
+        return (self.first_s if self.first_s is not None else step) + (k - 1) * step
 
     def conf_rate(self, conf: float) -> float:
         """Acceptance of a draft token of this confidence (prior: a calibrated draft, rate = confidence)."""
@@ -90,16 +96,18 @@ class Autoregressive:
 
     # --- drafting --------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int, worth: float) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
         if k <= 0:
             return Proposal()
+        t0 = time.perf_counter()
         logits, sync_s, caught_up = self._start(tokens)
         out = Proposal(sync_s=sync_s, caught_up=caught_up)
         if logits is None:
             return out
         c = self.verify.table(k + 1)  # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
         d = self.per_token or 0.0
-        a = self.positions.means()
+        a = list(rates) or self.positions.means()
+        picked: list[float] = []  # when each draft was picked
         gained = 0.0  # expected tokens the drafts so far bring, by their confidences
         reach = 1.0  # the chance every draft so far is accepted
         keep, kept_value = 0, 0.0  # the best cut so far, and its value: tokens - worth * verify time
@@ -121,6 +129,7 @@ class Autoregressive:
                 out.tokens.append(x)
                 out.dists.append(q)
                 out.confidences.append(conf)
+                picked.append(time.perf_counter())
                 value = gained - worth * (c[i + 1] - c[0])
                 if value >= kept_value or i == 0:
                     keep, kept_value = i + 1, value
@@ -129,6 +138,9 @@ class Autoregressive:
                 logits = self._step(x)
         finally:
             self._end()
+        if picked:
+            step = (picked[-1] - picked[0]) / (len(picked) - 1) if len(picked) > 1 else 0.0
+            out = dataclasses.replace(out, first_s=picked[0] - t0 - sync_s, step_s=step)
         if worth > 0:
             out = out.cut(keep)
         return out
@@ -155,12 +167,12 @@ class Autoregressive:
         p = outcome.proposal
         if outcome.source != self.name or not p.tokens:
             return
-        # a catch-up's decode also gave the first draft's logits: then only the later tokens
-        # show what a drafted token costs
-        steps = len(p.tokens) - (p.sync_s > 0)
-        if steps > 0:
-            per = (outcome.stats.draft_s - p.sync_s) / steps
-            self.per_token = per if self.per_token is None else self.per_token + EWMA * (per - self.per_token)
+        # a catch-up's decode also gave the first draft's logits: that round says nothing of
+        # what a first draft costs, only of its steps
+        if not p.caught_up:
+            self.first_s = _ewma(self.first_s, p.first_s)
+        if p.step_s > 0:
+            self.per_token = _ewma(self.per_token, p.step_s)
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected,
         # unless the round stopped at a near-tie there, which says nothing about the draft
         for i in range(min(len(p.tokens), outcome.accepted + (not outcome.deferred))):
@@ -172,7 +184,7 @@ class Autoregressive:
     def to_json(self) -> dict:
         conf = RateTable(CONF_BINS)
         conf.bins = self.by_conf
-        return {"positions": self.positions.to_json(), "by_conf": conf.to_json(), "per_token": self.per_token}
+        return {"positions": self.positions.to_json(), "by_conf": conf.to_json(), "per_token": self.per_token, "first_s": self.first_s}
 
     def load(self, d: dict) -> None:
         if not isinstance(d, dict):
@@ -182,9 +194,14 @@ class Autoregressive:
         conf.load(d.get("by_conf"))
         if any(r.n for r in conf.bins):
             self.by_conf = conf.bins
-        v = d.get("per_token")
-        if isinstance(v, (int, float)) and v > 0:
-            self.per_token = float(v)
+        for key in ("per_token", "first_s"):
+            v = d.get(key)
+            if isinstance(v, (int, float)) and v > 0:
+                setattr(self, key, float(v))
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else old + EWMA * (new - old)
 
 
 class ModelSource(Autoregressive):
@@ -218,11 +235,11 @@ class ModelSource(Autoregressive):
         return max(0, min(room, self.model.n_ctx - len(tokens), len(self.positions.bins)))
 
     def cost(self, k: int) -> float:
-        # a round's usual one or two new tokens are part of the per-token cost; more is a
+        # a round's usual one or two new tokens are part of its first draft's cost; more is a
         # catch-up, paid once for every round after it: this round bears its share of the run
         d = self.token_cost()
         catch = self.catch_up_per_token if self.catch_up_per_token is not None else 0.5 * d
-        return k * d + (self.lag * catch * min(1.0, (k + 1) / self.left) if self.lag > 2 else 0.0)
+        return super().cost(k) + (self.lag * catch * min(1.0, (k + 1) / self.left) if self.lag > 2 else 0.0)
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:
         if self.model.n_ctx - len(tokens) <= 0:
@@ -239,8 +256,8 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(self, tokens: list[int], k: int, worth: float) -> Proposal:
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth)
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, rates)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the
@@ -261,9 +278,7 @@ class ModelSource(Autoregressive):
         super().observe(outcome)
         p = outcome.proposal
         if outcome.source == self.name and p.caught_up and p.sync_s > 0:
-            cu = p.sync_s / p.caught_up
-            old = self.catch_up_per_token
-            self.catch_up_per_token = cu if old is None else old + EWMA * (cu - old)
+            self.catch_up_per_token = _ewma(self.catch_up_per_token, p.sync_s / p.caught_up)
 
     def rollback(self, keep: int) -> None:
         self.model.rollback(keep)

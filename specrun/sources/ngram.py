@@ -14,7 +14,7 @@ rates learn from every token, and a copy that starts to pay is taken up at once.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -74,7 +74,7 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
         return self.offer.cut(k)
 
     def observe(self, outcome: Outcome) -> None:
