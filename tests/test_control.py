@@ -242,6 +242,24 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     assert s.acceptance(1, None, 0.0)[0] < before[0]
 
 
+def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
+    """Every round scores the copy on offer, drafted or not, so drafting one on a hopeful draw
+    would buy a long verify for a lesson already free: however unsure the copy rates, and
+    however much of the run is left, the chooser is offered the same rates whatever the
+    random stream, the ones it would act on with no run left to learn in."""
+    s = NgramSource()
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3
+    s.prepare(seq[:25], 16, 100)
+    rs = RoundStats("none", 0, 0, 0, 0.0, 0.0, 0.0)
+    for hit in [True, False] * 3:  # a few copies, half of them broken at once: rates unsure
+        s.observe(Outcome("none", Proposal(), 0, list(s.offer.tokens[:3]) if hit else [999], False, rs))
+    cap = len(s.offer)
+    at_end = s.acceptance(cap, None, 0.0)
+    assert 0.2 < at_end[0] < 0.8
+    for seed in range(30):
+        assert s.acceptance(cap, np.random.default_rng(seed), 1.0) == at_end
+
+
 def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
     """An edit that inserts a line after every fifth (a docstring after each def): copies go on
     inside lines and break where a new line starts. The line-start rate learns that, the

@@ -58,12 +58,15 @@ class NgramSource:
         return self.ends_line(self.offer.tokens[j - 1] if j else self.last)
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
-        rates = self.copy.draws(rng, scale)
+        """The means, never a draw: every round scores the copy on offer, drafted or not, so
+        drafting a copy teaches nothing that watching it does not, and a hopeful draw would
+        only buy a long verify for a lesson already free."""
+        rates = self.copy.means()
         out = []
         for j in range(k):
             a = rates[copy_bin(self.offer.match + j)]
             if self._starts_line(j):
-                a = self.line.mean(a) if rng is None or scale <= 0 else self.line.draw(a, rng, scale)
+                a = self.line.mean(a)
             out.append(a)
         return out
 
