@@ -51,6 +51,7 @@ class Plan:
     rate: float = 0.0  # expected tokens per second of this plan (a source's stop rule uses it)
     rates: tuple[float, ...] = ()  # the acceptance by position it was chosen on (a draw): the stop
     # rule goes on with the same hopes, so that what the draw tries is tried in full
+    verify: tuple[float, ...] = ()  # ... and the verify curve c(1..) it was chosen on (a draw too)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Chooser:
             drawn = src.acceptance(cap, rng, scale)
             k, rate = self.best(np.array(drawn), draft, c, r)
             if k and rate > plan.rate:
-                plan = Plan(name, k, rate, tuple(drawn))
+                plan = Plan(name, k, rate, tuple(drawn), tuple(c))
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])

@@ -135,7 +135,7 @@ def speculative_round(
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
-    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.rates) if drafter is not None and plan.k > 0 else Proposal()
+    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.rates, plan.verify) if drafter is not None and plan.k > 0 else Proposal()
     draft = proposal.cut(plan.k)
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step

@@ -39,7 +39,7 @@ class Arm:
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth, rates=()):
+    def propose(self, tokens, k, worth, rates=(), verify=()):
         return Proposal([1] * k)
 
     def observe(self, o: Outcome):

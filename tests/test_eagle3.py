@@ -455,8 +455,8 @@ def test_greedy_with_a_d2t_head_equals_plain(d2t_targets, plain, head, prompt, m
     drafted: list[int] = []
     propose = Eagle3Source.propose
 
-    def spy(self, tokens, k, worth, rates=()):
-        p = propose(self, tokens, k, worth, rates)
+    def spy(self, tokens, k, worth, rates=(), verify=()):
+        p = propose(self, tokens, k, worth, rates, verify)
         drafted.extend(p.tokens)
         return p
 

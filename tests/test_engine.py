@@ -270,6 +270,32 @@ def test_the_stop_rule_drafts_on_with_the_hopes_the_round_was_planned_on(loaded)
     assert on_means <= 2 and hopeful >= 4  # (it stops where the draft's own confidence falls)
 
 
+def test_the_stop_rule_prices_its_verify_on_the_curve_the_round_was_planned_on(loaded):
+    """The chooser plans a round on a draw of the verify curve too: where the stored curve says
+    long batches are dear (a poisoned calibration, or sizes never verified) and the draw hoped
+    otherwise, the stop rule drafts on at the drawn prices, so that the long batch is verified
+    and its cost learned; on the stored curve it stops short."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.stats import RoundStats
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    prompt = target.tokenize(PROMPTS[0])
+    steep = {b: FLAT[1] * b for b in FLAT}  # verifying b tokens costs b plain steps
+    src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(steep)), 16)
+    src.per_token = 1e-5
+    for _ in range(40):  # every position it drafts is accepted
+        p = src.propose(prompt, 16, 0.0)
+        src.observe(
+            Outcome("model", p, len(p.tokens), p.tokens, False, RoundStats("model", len(p.tokens), len(p.tokens), 0, 0.0, 0.0, 0.0))
+        )
+    worth = 1.5 / FLAT[1]
+    drawn = CostModel(dict(FLAT)).table(17)
+    on_stored = len(src.propose(prompt, 16, worth).tokens)
+    on_draw = len(src.propose(prompt, 16, worth, verify=tuple(drawn)).tokens)
+    assert on_stored <= 1 and on_draw >= 8
+
+
 def test_the_stop_rule_looks_past_a_step_in_the_verify_curve(loaded):
     """A verify curve with a step (as the demo target's on this CPU: 8 tokens cost as much as
     16): a confident, well-accepted draft goes on to the far side of the step instead of stopping

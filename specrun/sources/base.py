@@ -146,10 +146,11 @@ class Source(Protocol):
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
         """Up to k drafts; a source that sees its confidence may stop early, when one more
-        token would bring fewer tokens per second than ``worth`` (``rates``: the acceptance by
-        position the round was planned on; none given, its means)."""
+        token would bring fewer tokens per second than ``worth`` (``rates`` and ``verify``: the
+        acceptance by position and the verify curve c(1..) the round was planned on; none
+        given, their means)."""
 
     def observe(self, outcome: Outcome) -> None:
         """Learn from the round just done."""

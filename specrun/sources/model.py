@@ -96,7 +96,7 @@ class Autoregressive:
 
     # --- drafting --------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
         if k <= 0:
             return Proposal()
         t0 = time.perf_counter()
@@ -104,7 +104,8 @@ class Autoregressive:
         out = Proposal(sync_s=sync_s, caught_up=caught_up)
         if logits is None:
             return out
-        c = self.verify.table(k + 1)  # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
+        # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
+        c = np.asarray(verify) if len(verify) > k else self.verify.table(k + 1)
         d = self.per_token or 0.0
         a = list(rates) or self.positions.means()
         picked: list[float] = []  # when each draft was picked
@@ -256,8 +257,8 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, rates)
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, rates, verify)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the

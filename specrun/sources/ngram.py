@@ -77,7 +77,7 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
         return self.offer.cut(k)
 
     def observe(self, outcome: Outcome) -> None:
