@@ -22,14 +22,27 @@ def models_dir() -> Path:
     return Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
 
 
-@pytest.fixture(autouse=True)
-def isolated_home(tmp_path, monkeypatch):
-    """No test reads or writes the user's registry or cost cache."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("SPECRUN_CACHE_DIR", str(tmp_path / "cache"))
+def _isolate(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("SPECRUN_CACHE_DIR", str(home / "cache"))
     monkeypatch.delenv("SPECRUN_REGISTRY", raising=False)
     monkeypatch.delenv("SPECRUN_DEBUG", raising=False)
     monkeypatch.setenv("SPECRUN_MODELS_DIR", str(models_dir()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_session(tmp_path_factory):
+    """... nor does a module's fixture (a bench run once for all its tests), which is set up
+    before any test's own isolation."""
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(tmp_path_factory.mktemp("home"), mp)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """No test reads or writes the user's registry or cost cache."""
+    _isolate(tmp_path, monkeypatch)
     return tmp_path
 
 
