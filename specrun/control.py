@@ -12,12 +12,13 @@ were), drafting K tokens brings and costs::
 and the chooser takes the best (source, K) over every source and K, K = 0 included. ``c`` is a
 measured curve (``costs.py``); each source states its own ``a_j`` and ``D`` (``sources/``).
 
-Everything it does not know yet (an idle source, a batch size never verified in this process,
-copy rates learned on other text) is a posterior, and the choice is made on one *draw* from
-them (Thompson sampling): what is uncertain but could pay gets tried, what is known to lose does
-not, and trying and exploiting are the same rule. A lesson is only worth its risk if the run can
-use it, so each draw is pulled towards the posterior mean as the run nears its end (by
-``room / INFO_HORIZON``); the last tokens of a one-shot run act on the means alone.
+Everything it does not know yet (an idle source, a batch size never verified in this process)
+is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
+uncertain but could pay gets tried, what is known to lose does not, and trying and exploiting
+are the same rule. A lesson is only worth its risk if the run can use it, so each draw is pulled
+towards the posterior mean as the run nears its end (by ``room / INFO_HORIZON``); the last tokens
+of a one-shot run act on the means alone. A lesson that comes free needs no draw: the n-gram
+source's copy rates learn from every round, drafted or not, so it states their means.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
