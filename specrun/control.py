@@ -16,8 +16,11 @@ Everything it does not know yet (an idle source, a batch size never verified in 
 is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
 uncertain but could pay gets tried, what is known to lose does not, and trying and exploiting
 are the same rule. A lesson is only worth its risk if the run can use it, so each draw is pulled
-towards the posterior mean as the run nears its end (by ``room / INFO_HORIZON``); the last tokens
-of a one-shot run act on the means alone. A lesson that comes free needs no draw: the n-gram
+towards the posterior mean by how little of the reply is left (``left / INFO_HORIZON``). Nothing
+says where a reply ends, so what is left is taken as no more than what it has run so far (as
+likely to end before twice its length as after), and never more than its budget: the first
+tokens of a reply and the last of its budget act on the means alone, and a short reply buys no
+lesson it has no time to use. A lesson that comes free needs no draw: the n-gram
 source's copy rates learn from every round, drafted or not, so it states their means.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
@@ -41,8 +44,8 @@ if TYPE_CHECKING:
     from .stats import RunStats
 
 INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are left to use what
-# it teaches; fewer, and it is pulled towards the mean (trades: learning late in a run, against
-# paying for lessons the run has no time to use)
+# it teaches; fewer, and it is pulled towards the mean (trades: learning early in a reply, against
+# paying for lessons a short reply has no time to use)
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class Chooser:
 
     def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``left`` how many
-        tokens the run has left to use what this round teaches."""
+        tokens the reply is expected to have left to use what this round teaches."""
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if self.fixed:
             s = next(iter(caps), None)

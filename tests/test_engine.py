@@ -369,3 +369,44 @@ def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded)
     assert src.cost(4) < 4e-3 + 0.01 * len(tokens) * 1e-3  # a share, not the whole catch-up
     src.prepare(tokens, 8, 5)
     assert src.cost(4) == pytest.approx(4e-3 + len(tokens) * 1e-3)  # nothing after it to share it with
+
+
+def test_a_new_prompt_is_prefilled_into_the_draft_cache_whatever_the_last_run_left_behind(loaded):
+    """A run whose last rounds were the n-gram's or plain ones leaves the draft's cache behind,
+    owing a catch-up. That is no cost of the next prompt, which is prefilled into the draft's
+    cache whenever the draft could pay (else its first draft catches the whole prompt up, at a
+    price shared over a run that may not be there to share it)."""
+    target, draft = loaded["target"], loaded["draft-copy"]
+    learned = Learned(CostModel(dict(FLAT)), {"model": {"per_token": 1e-4, "catch_up_per_token": 1e-3}})
+    e = Engine(target, draft, Settings("hybrid"), Sampler(0.0), learned=learned)
+    first = target.tokenize(PROMPTS[0], add_special=True)
+    e.prefill(first)
+    ended = first + target.tokenize(PROMPTS[1] * 6)  # what the run wrote past the draft's cache
+    e.sources["model"].prepare(ended, 0, 1)  # its last round: nothing left to share a catch-up with
+    nxt = target.tokenize(PROMPTS[2], add_special=True)
+    e.prefill(nxt)
+    assert draft.tokens == nxt[:-1]
+
+
+def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough_to_use_the_lesson(loaded):
+    """Nothing says where a reply will end, so one that has run n tokens is taken to have about
+    n left to use a lesson on. A try the means price out is a lesson bought at a loss: a reply's
+    first tokens act on the means (short replies, one after another, never try it), and the
+    draws count in full once the reply has run long enough (a long reply tries it)."""
+    target = loaded["target"]
+    curve = {b: 0.001 * (1 + 0.7 * (b - 1)) for b in FLAT}  # pays only at high acceptance
+    learned = Learned(CostModel(curve), {"model": {"per_token": 1e-6}})  # a free draft
+    short = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
+    toks = target.tokenize(PROMPTS[1], add_special=True)
+    tried = 0
+    for _ in range(20):  # replies that end after about 6 tokens of a 500-token budget
+        for step in short.generate(toks, 500):
+            tried += step.round.drafted
+            if step.stats.n_generated >= 6:
+                break
+    assert tried == 0
+    long = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
+    stats = None
+    for step in long.generate(toks, 200):
+        stats = step.stats
+    assert stats is not None and stats.n_drafted > 0

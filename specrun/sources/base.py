@@ -137,7 +137,8 @@ class Source(Protocol):
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         """Get ready to draft after ``tokens``; the most tokens it can offer this round (at most
-        ``room``; ``left``: the tokens the run has left, over which a one-off cost is spread)."""
+        ``room``; ``left``: the tokens the reply is expected to have left, over which a one-off cost
+        is spread)."""
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
         """a_1..a_k: the chance each position is accepted given the ones before were (means, or

@@ -223,6 +223,7 @@ class ModelSource(Autoregressive):
         catch up the whole prompt."""
         if self.per_token is None and self.model.n_past < self.model.n_ctx:
             self.per_token = self.measure_token_cost(prompt[-1])
+        self.lag = 0  # the last prompt's lag is no cost of this one: the cache is brought up to it below
         if not may_draft():
             return
         n = common_prefix(self.model.tokens, prompt, limit=len(prompt) - 1)
