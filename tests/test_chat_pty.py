@@ -240,6 +240,37 @@ def test_ctrl_c_stops_a_reply_and_the_session_continues(spawn, tokenizer, long_r
     t.expect(r"^session: " + SUMMARY)
 
 
+def _sigint_takers(pid: int) -> list[int]:
+    """The process's threads other than its main one that do not block SIGINT."""
+    out = []
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", status, re.M).group(1), 16)  # type: ignore[union-attr]
+        if tid != pid and not blocked & (1 << (signal.SIGINT - 1)):
+            out.append(tid)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sends a signal to one thread (tgkill, /proc)")
+def test_a_ctrl_c_the_prompt_missed_is_sent_again(spawn):
+    """readline misses a signal that lands between its check and its select(), or that another
+    thread of the process takes: the line would be cancelled only at the next keystroke. Here
+    Ctrl-C's signal is sent to another thread on purpose, so the prompt's select() never wakes
+    for it; the prompt still acts on it (it is sent to the main thread again)."""
+    import ctypes
+
+    t = spawn("-n", "24")
+    t.expect(PROMPT)
+    t.send("half a line")
+    t.expect(r"half a line")
+    takers = _sigint_takers(t.pid)
+    assert takers, "no thread but the main one could take the signal"
+    assert ctypes.CDLL(None, use_errno=True).tgkill(t.pid, takers[0], signal.SIGINT) == 0
+    t.expect(PROMPT)
+    t.send("/quit\r")
+    assert t.wait() == 0
+
+
 def test_ctrl_d_exits_zero(spawn):
     t = spawn("-n", "24")
     t.expect(PROMPT)

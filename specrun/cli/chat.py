@@ -31,6 +31,9 @@ HELP_TEXT = """commands:
   /quit           leave (Ctrl-D too); Ctrl-C stops a reply and keeps the session"""
 
 
+CTRL_C_GRACE_S = 0.25  # a Ctrl-C at the prompt not acted on within this is sent again (readline's race)
+
+
 class _Terminated(Exception):
     """SIGTERM while waiting for input."""
 
@@ -102,6 +105,7 @@ class Repl:
                 except ImportError:
                     pass
                 self.at_prompt = True
+                self.prompts += 1
                 try:
                     return input("> ")
                 finally:
@@ -113,13 +117,19 @@ class Repl:
         finally:
             signal.signal(signal.SIGTERM, old)
 
-    def _watch_sigterm(self) -> None:
-        """A SIGTERM that lands between readline's signal check and its select() is only seen
+    def _watch_signals(self) -> None:
+        """A signal that lands between readline's signal check and its select() is only seen
         after the next keystroke (a race in readline's input loop). Signals also write their
-        number to a wakeup pipe; this thread reads it and, while the prompt is waiting, prints
-        the session summary and exits 143 itself. During a reply the engine's flag handles it."""
+        number to a wakeup pipe; this thread reads it. A SIGTERM while the prompt is waiting: it
+        prints the session summary and exits 143 itself. A Ctrl-C the prompt has not acted on
+        within ``CTRL_C_GRACE_S`` (no new prompt since): it sends the main thread the signal
+        again, until one lands. During a reply the engine's flag handles both."""
         import os
         import threading
+
+        def again(seen: int) -> None:
+            if self.at_prompt and self.prompts == seen:
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
         r, w = os.pipe()
         os.set_blocking(w, False)
@@ -133,6 +143,10 @@ class Repl:
                 data = os.read(r, 64)
                 if not data:
                     return
+                if signal.SIGINT in data and self.at_prompt:
+                    timer = threading.Timer(CTRL_C_GRACE_S, again, (self.prompts,))
+                    timer.daemon = True
+                    timer.start()
                 if signal.SIGTERM in data and self.at_prompt:
                     try:
                         self.err.print()
@@ -145,8 +159,9 @@ class Repl:
 
     def run(self) -> int:
         self.at_prompt = False
+        self.prompts = 0  # prompts shown so far: a Ctrl-C acted on shows a new one
         if self.interactive:
-            self._watch_sigterm()
+            self._watch_signals()
         if self.interactive:
             self.err.print(
                 f"specrun chat: {self.pair.target_info.name}"
