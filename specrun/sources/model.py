@@ -215,7 +215,7 @@ class ModelSource(Autoregressive):
         self.model = model
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft
-        self.left = 1  # tokens the run has left
+        self.left = 1  # tokens the reply is expected to have left
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         """Measure its per-token cost if nothing has yet; then, if it could ever pay
