@@ -25,8 +25,9 @@ import numpy as np
 
 from specrun.backend import LoadOptions, Model
 from specrun.bench import load_prompts
-from specrun.learned import CostStore
-from specrun.session import cache_dir
+from specrun.config import PairConfig
+from specrun.modelinfo import model_info
+from specrun.session import cost_key, cost_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402
@@ -68,10 +69,8 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=32)
     args = ap.parse_args()
 
-    store = CostStore(cache_dir() / "costs.json")
-    key = next((k for k in store.entries() if k.startswith(args.target.name + ":") and f"|{args.draft.name}:" in k), None)
-    key = key if key is not None and f"|t{args.threads}|" in key else None
-    learned = store.load(key) if key is not None else None
+    # what `specrun generate -m TARGET -d DRAFT -t N` learned and stored on this machine
+    learned = cost_store().load(cost_key(model_info(args.target), model_info(args.draft), PairConfig(threads=args.threads)))
     if learned is None or not learned.cost.verify or "model" not in learned.sources:
         sys.exit(f"no stored costs for this pair at {args.threads} threads: run `specrun generate` with it first")
     cost, src = learned.cost, learned.sources["model"]

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from specrun.backend import LoadOptions, Model
 from specrun.bench import load_prompts
+from specrun.config import PairConfig
 from specrun.engine import Engine, Settings
-from specrun.learned import CostStore
+from specrun.modelinfo import model_info
 from specrun.sampling import Sampler
-from specrun.session import cache_dir
+from specrun.session import cost_key, cost_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402
@@ -39,9 +40,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
 
-    store = CostStore(cache_dir() / "costs.json")
-    key = next((k for k in store.entries() if k.startswith(args.target.name + ":") and f"|{args.draft.name}:" in k), None)
-    learned = store.load(key) if key is not None and f"|t{args.threads}|" in key else None
+    # what `specrun generate -m TARGET -d DRAFT -t N` learned and stored on this machine
+    learned = cost_store().load(cost_key(model_info(args.target), model_info(args.draft), PairConfig(threads=args.threads)))
     if learned is None or not learned.cost.verify:
         sys.exit(f"no stored verify curve for this pair at {args.threads} threads: run `specrun generate` with it first")
     prompts = [p for p in load_prompts() if p.cls in args.classes.split(",")]
@@ -61,23 +61,22 @@ def main() -> int:
         for run in range(args.runs):
             for i, (p, toks) in enumerate(zip(prompts, tokens)):
                 order = list(modes) if (run * len(prompts) + i) % 2 == 0 else list(modes)[::-1]
-                tps, rounds = {}, []
+                tps, rounds, c1 = {}, [], cost.verify_cost(1)
                 for name in order:
                     e = modes[name]
                     e.reset()
-                    c1 = cost.verify_cost(1)
                     stats = None
                     for step in e.generate(toks, p.n_predict or args.n):
                         stats = step.stats
                         if name == "default" and step.round.drafted:
-                            rounds.append((step.round, c1))
+                            rounds.append(step.round)
                     assert stats is not None
                     tps[name] = stats.generation_tps
                 ratio = tps["default"] / tps["plain"]
                 ratios.setdefault(p.cls, []).append(ratio)
-                lost = sum(r.verify_s + r.draft_s - r.emitted * c1 for r, c1 in rounds) / cost.verify_cost(1)
+                lost = sum(r.verify_s + r.draft_s - r.emitted * c1 for r in rounds) / c1
                 print(f"{p.cls} #{i} run {run + 1}: plain {tps['plain']:.2f} tok/s, default {tps['default']:.2f} ({ratio:.3f}x)")
-                shown = [(r.source, r.drafted, r.accepted, round(r.verify_s / c1, 2), round(r.draft_s / c1, 2)) for r, c1 in rounds]
+                shown = [(r.source, r.drafted, r.accepted, round(r.verify_s / c1, 2), round(r.draft_s / c1, 2)) for r in rounds]
                 print(f"  {len(rounds)} drafted rounds, {lost:.1f} target steps lost: {shown[:20]}")
         for cls, xs in ratios.items():
             print(f"{cls}: geometric mean {statistics.geometric_mean(xs):.3f}x over {len(xs)} (prompt, run) pairs")
