@@ -335,10 +335,16 @@ class Engine:
         if any(b > 1 for b in sizes):
             measured.kernel_gap = gap
         self.cost.adopt(measured)
+        self.time_draft()
+        return self.cost
+
+    def time_draft(self) -> None:
+        """Time the draft model's step now, at the current position. A stored step time is only
+        a prior: one stored on a busy day would make the draft look too dear to try, and a
+        draft never tried is never timed again."""
         model = self.sources.get("model")
         if isinstance(model, ModelSource) and model.model.n_ctx > model.model.n_past:
-            model.per_token = model.measure_token_cost(pad)
-        return self.cost
+            model.retime(model.measure_token_cost(self.tokens[-1] if self.tokens else 0))
 
     @property
     def tie_margin(self) -> float:

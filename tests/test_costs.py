@@ -259,6 +259,26 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
         pair.close()
 
 
+def test_a_draft_step_stored_on_a_busy_day_is_timed_again_when_the_pair_is_opened(tiny, tmp_path):
+    """A stored draft cost is only a prior: one from a busy day would price the draft model out,
+    and a draft never tried is never timed again. Opening the pair times the step afresh; what
+    was stored with it (a round's first draft, a catch-up) moves by the same factor."""
+    from specrun.session import PairConfig, open_engine, open_pair
+
+    store = CostStore(tmp_path / "costs.json")
+    busy = {"per_token": 10.0, "first_s": 30.0, "catch_up_per_token": 5.0}  # seconds: no tiny draft is this slow
+    pair = open_pair(tiny["target"], tiny["draft-small"], PairConfig(n_ctx=1024, threads=1))
+    try:
+        store.save(pair.cost_key, Learned(CostModel({b: 0.05 for b in SIZES}), {"model": busy}))
+        src = open_engine(pair, Settings("model"), Sampler(0.0), store).sources["model"]
+        assert src.per_token < 1.0  # timed now, not the stored 10 s
+        assert src.first_s == pytest.approx(3 * src.per_token) and src.catch_up_per_token == pytest.approx(src.per_token / 2)
+        fixed = open_engine(pair, Settings("model", fixed=True), Sampler(0.0), store).sources["model"]
+        assert fixed.per_token == 10.0  # fixed settings never ask what drafting costs
+    finally:
+        pair.close()
+
+
 def test_a_corrupted_store_is_a_cold_start_with_no_error(tiny, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
