@@ -28,6 +28,7 @@ from specrun.costs import CostModel
 from specrun.engine import Engine, Settings
 from specrun.errors import EXIT_USAGE
 from specrun.heads import heads_of
+from specrun.learned import Learned
 from specrun.memory import estimate
 from specrun.modelinfo import model_info
 from specrun.registry import Registry
@@ -317,6 +318,20 @@ def test_tokens_by_source_reach_stats_and_metrics(target):
     m.observe(stats)
     text = m.text().decode()
     assert f'specrun_draft_tokens_total{{source="mtp"}} {float(drafted)}' in text
+
+
+def test_a_head_step_stored_on_a_busy_day_is_timed_again_at_the_first_prompt(target):
+    """A stored head-step time is only a prior (one from a busy day would price the heads out,
+    and heads never tried are never timed again): the first prompt in a process times a step,
+    and the stored first-draft time moves by the same factor."""
+    target.reset()
+    busy = Learned(CostModel({b: 0.05 for b in range(1, 9)}), {"mtp": {"per_token": 10.0, "first_s": 30.0}})
+    e = Engine(target, None, Settings("mtp", draft_max=K), Sampler(0.0), learned=busy, heads=target.heads)
+    src = e.sources["mtp"]
+    assert src.per_token == 10.0
+    for _ in e.generate(target.tokenize(PROMPTS[0]), 4):
+        pass
+    assert src.per_token < 1.0 and src.first_s == pytest.approx(3 * src.per_token, rel=0.5)
 
 
 def test_draft_mtp_with_a_draft_model_is_refused(mtp, tiny, capsys):

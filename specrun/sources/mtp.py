@@ -32,11 +32,13 @@ class MtpSource(Autoregressive):
     def __init__(self, heads: DraftHead, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
         super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
         self.heads = heads
+        self.timed = False  # a head step has been timed in this process (a stored time is only a prior)
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        """The heads follow the target's own prefill; measure a head step once."""
-        if self.per_token is None and self.heads.n_past == len(prompt) - 1:
-            self.per_token = self.measure_token_cost(prompt[-1])
+        """The heads follow the target's own prefill; time a head step once in this process."""
+        if not self.timed and self.heads.n_past == len(prompt) - 1:
+            self.retime(self.measure_token_cost(prompt[-1]))
+            self.timed = True
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         return max(0, min(room, self.heads.n_ctx - len(tokens), len(self.positions.bins)))
