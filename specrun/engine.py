@@ -230,6 +230,9 @@ class Engine:
             raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
         if target.draft_limit is not None and target.draft_limit < settings.draft_max:  # a snapshot target undoes at most this many drafts
             settings = dataclasses.replace(settings, draft_max=target.draft_limit, draft_min=min(settings.draft_min, target.draft_limit))
+        rows = target.opts.n_outputs_max - 1  # a verify returns a row of logits per draft and one more
+        if rows < settings.draft_max:
+            settings = dataclasses.replace(settings, draft_max=rows, draft_min=min(settings.draft_min, rows))
         self.target = target
         self.settings = settings
         self.sampler = sampler

@@ -199,6 +199,16 @@ def test_adaptive_mode_drafts_when_verify_is_cheap_and_stops_when_dear(loaded):
     assert costly.n_drafted == 0  # verifying b tokens at b steps: no draft could ever pay, so none is tried
 
 
+def test_a_draft_max_over_the_rows_a_verify_can_return_is_cut_to_them(tiny):
+    """A target loaded to return at most 8 rows of logits a decode verifies at most 7 drafts,
+    whatever --draft-max says (it used to stop the run with an internal error)."""
+    with Model(tiny["target"], LoadOptions(n_ctx=512, n_threads=2, n_outputs_max=8)) as t:
+        e = Engine(t, None, Settings("ngram", draft_max=32, fixed=True), Sampler(0.0), CostModel(dict(FLAT)))
+        steps = list(e.generate(t.tokenize(PROMPTS[0] * 6, add_special=True), 64))
+        assert steps[-1].stats.finish_reason == "length"
+        assert max(s.round.drafted for s in steps) == 7
+
+
 def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
     from specrun.sources import ModelSource
 
