@@ -228,11 +228,11 @@ class Engine:
             raise UsageError("{mode} eagle3 needs an EAGLE-3 head", "give one ({draft_model}) or use another {mode}", "mode")
         if settings.mode == "model" and draft is None:
             raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
-        if target.draft_limit is not None and target.draft_limit < settings.draft_max:  # a snapshot target undoes at most this many drafts
-            settings = dataclasses.replace(settings, draft_max=target.draft_limit, draft_min=min(settings.draft_min, target.draft_limit))
-        rows = target.opts.n_outputs_max - 1  # a verify returns a row of logits per draft and one more
-        if rows < settings.draft_max:
-            settings = dataclasses.replace(settings, draft_max=rows, draft_min=min(settings.draft_min, rows))
+        cap = target.opts.n_outputs_max - 1  # a verify returns a row of logits per draft and one more
+        if target.draft_limit is not None:  # a snapshot target undoes at most this many drafts
+            cap = min(cap, target.draft_limit)
+        if cap < settings.draft_max:
+            settings = dataclasses.replace(settings, draft_max=cap, draft_min=min(settings.draft_min, cap))
         self.target = target
         self.settings = settings
         self.sampler = sampler

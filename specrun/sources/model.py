@@ -89,13 +89,14 @@ class Autoregressive:
         step = self.token_cost()
         return (self.first_s if self.first_s is not None else step) + (k - 1) * step
 
-    def retime(self, step: float) -> None:
+    def retime(self, step: float) -> float:
         """A draft step timed in this process: it replaces the stored one (a prior from another
-        day), and the costs stored with it move by the same factor."""
+        day), and the costs stored with it move by the same factor, which it returns."""
         f = step / self.per_token if self.per_token else 1.0
         self.per_token = step
         if self.first_s is not None:
             self.first_s *= f
+        return f
 
     def conf_rate(self, conf: float) -> float:
         """Acceptance of a draft token of this confidence (prior: a calibrated draft, rate = confidence)."""
@@ -293,10 +294,11 @@ class ModelSource(Autoregressive):
     def rollback(self, keep: int) -> None:
         self.model.rollback(keep)
 
-    def retime(self, step: float) -> None:
-        if self.catch_up_per_token is not None and self.per_token:
-            self.catch_up_per_token *= step / self.per_token
-        super().retime(step)
+    def retime(self, step: float) -> float:
+        f = super().retime(step)
+        if self.catch_up_per_token is not None:
+            self.catch_up_per_token *= f
+        return f
 
     def to_json(self) -> dict:
         return {**super().to_json(), "catch_up_per_token": self.catch_up_per_token}
