@@ -32,7 +32,8 @@ import numpy as np
 from .errors import UnsupportedArchitecture
 from .gguf_header import GGUFHeader
 
-ROLLBACK_DEPTH = 32  # snapshots asked for: the engine's adaptive draft cap (DRAFT_MAX_ADAPTIVE)
+ROLLBACK_DEPTH = 32  # snapshots asked for: a snapshot target's draft cap (trades: long copies against a
+# recurrent state's copy per snapshot)
 CHECKPOINTS_KEPT = 2  # copies of the state the backend keeps in RAM (see backend.Model.checkpoint)
 STATE_BYTES_PER_ELEM = 4  # llama.cpp keeps recurrent states in f32
 

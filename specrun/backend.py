@@ -342,7 +342,7 @@ class LoadOptions:
     verbose: bool = False
     load_mtp: bool = False  # also load the built-in MTP heads' tensors (see MtpHeads)
     # recurrent-state snapshots to ask for on an architecture that keeps them: the most draft
-    # tokens one rollback may undo (the engine's adaptive draft cap, DRAFT_MAX_ADAPTIVE)
+    # tokens one rollback may undo (the engine cuts its draft cap to it)
     rollback_depth: int = ROLLBACK_DEPTH
     # sequences that decode together in this context (``Model.sequence``): n_ctx positions each,
     # in one KV cache of n_seq_max x n_ctx cells that they share

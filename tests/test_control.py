@@ -286,7 +286,25 @@ def test_stored_rates_are_a_prior_worth_a_few_observations():
     back.load(t.to_json())
     assert back.bins[copy_bin(32)].n == pytest.approx(STORED_WEIGHT)
     assert back.means()[copy_bin(32)] > 0.85
-    for bad in (None, {}, {"hits": [1.0], "n": [1.0]}, {"hits": [5.0] * 12, "n": [1.0] * 12}, {"hits": "x", "n": 3}):
+    for bad in (None, {}, {"hits": [1.0], "n": [1.0, 2.0]}, {"hits": [5.0] * 12, "n": [1.0] * 12}, {"hits": "x", "n": 3}):
         fresh = RateTable(len(COPY_BINS))
         fresh.load(bad)
         assert all(r.n == 0 for r in fresh.bins)
+
+
+def test_a_table_stored_under_another_draft_cap_still_counts():
+    """Position j means the same whatever the cap: a run with a longer cap than the one that
+    stored the table starts from what that run learned, and its new positions lean on the last
+    stored one rather than on the first prior."""
+    short = RateTable(32)
+    for j in range(32):
+        for _ in range(100):
+            short.bins[j].add(j < 30)
+    longer = RateTable(63)
+    longer.load(short.to_json())
+    means = longer.means()
+    assert means[20] > 0.8 and means[31] < 0.2
+    assert means[40] < 0.2  # leans on position 32's stored news, not on the 0.5 first prior
+    shorter = RateTable(8)
+    shorter.load(short.to_json())
+    assert min(shorter.means()) > 0.8

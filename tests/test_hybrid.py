@@ -87,8 +87,13 @@ def test_each_architecture_gets_its_rollback_method(models, name):
     assert m.snapshots == (ROLLBACK_DEPTH if METHOD[name] == "snapshots" else 0)
 
 
-def test_the_default_depth_is_the_engines_draft_cap():
-    assert LoadOptions().rollback_depth == ROLLBACK_DEPTH == DRAFT_MAX_ADAPTIVE
+def test_a_snapshot_target_at_its_defaults_drafts_as_deep_as_it_can_undo(models):
+    """The adaptive cap is the verify's rows; a snapshot target cuts it to its depth, and an
+    attention target keeps it whole."""
+    for name in ("qwen35", "target"):
+        m = models(name)
+        e = Engine(m, None, Settings("ngram"), Sampler(0.0), CostModel(dict(FLAT)))
+        assert e.settings.draft_max == (m.draft_limit if m.draft_limit is not None else DRAFT_MAX_ADAPTIVE)
 
 
 def test_fewer_snapshots_cap_the_draft(hybrid):

@@ -22,7 +22,7 @@ BAD = [
     (["-t", "0"], "-t/--threads"),
     (["--fixed", "--draft-max", "0"], "--draft-max"),
     (["--gpu-layers-draft", "-3"], "--gpu-layers-draft"),
-    (["--draft-min", "40"], "--draft-min"),
+    (["--draft-min", "70"], "--draft-min"),
     (["--draft-p-min", "1.5"], "--draft-p-min"),
     (["--tie-margin", "-1"], "--tie-margin"),
 ]

@@ -103,15 +103,17 @@ class RateTable:
 
     def load(self, d: object, keep: float = STORED_WEIGHT) -> None:
         """Take stored counts as a prior worth at most ``keep`` observations per bin; anything
-        malformed leaves the table as it is."""
+        malformed leaves the table as it is. A table stored with more bins or fewer (a run with
+        another draft cap) gives the bins both have: bin j means the same at any length."""
         try:
             assert isinstance(d, dict)
             hits, n = [float(x) for x in d["hits"]], [float(x) for x in d["n"]]
         except (AssertionError, KeyError, TypeError, ValueError):
             return
-        if len(hits) != len(self.bins) or len(n) != len(self.bins) or not all(0 <= h <= t for h, t in zip(hits, n)):
+        if len(hits) != len(n) or not all(0 <= h <= t for h, t in zip(hits, n)):
             return
-        self.bins = [Rate.stored(h, t, keep) for h, t in zip(hits, n)]
+        k = min(len(hits), len(self.bins))
+        self.bins[:k] = [Rate.stored(h, t, keep) for h, t in zip(hits[:k], n[:k])]
 
 
 @dataclass(frozen=True)
