@@ -55,7 +55,7 @@ COST_SIGMA = 0.7  # log-spread of a cost not yet verified in this process: a fac
 NOISE_SIGMA = 0.2  # log-spread of one round's time around its size's mean on a shared machine:
 # how much one verified round says (trades: trusting a few rounds, against re-trying a size
 # whose cost is already known)
-CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64)  # 64: the longest verify (--draft-max 63)
 
 # a calibration is disturbed when...
 C1_DRIFT = 1.3  # c(1) before and after differ by more than this factor

@@ -35,9 +35,10 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
     from .backend import Eagle3Head, Model, MtpHeads
 
 DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
-# adaptive: the rows of logits one verify returns (LoadOptions.n_outputs_max, 64) less the one
-# after the drafts; the chooser picks K up to it, so a long copy is never cut short by the cap
-DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
+# adaptive: the chooser picks K up to it (trades: a pure copy drafts 63 at 1.41x the speed of 32
+# on the demo pair, against the bench's edits and the memory-bound pair, which did no better at
+# 63; at most 63, the rows of logits one verify returns less one)
+DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 # llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
