@@ -87,13 +87,14 @@ def test_each_architecture_gets_its_rollback_method(models, name):
     assert m.snapshots == (ROLLBACK_DEPTH if METHOD[name] == "snapshots" else 0)
 
 
-def test_a_snapshot_target_at_its_defaults_drafts_as_deep_as_it_can_undo(models):
-    """The adaptive cap is the verify's rows; a snapshot target cuts it to its depth, and an
-    attention target keeps it whole."""
+def test_a_snapshot_target_at_its_defaults_drafts_as_long_as_an_attention_one(models):
+    """A hybrid keeps as many state snapshots as the adaptive cap needs, so at the defaults it
+    is not held to shorter drafts than an attention model."""
+    caps = {}
     for name in ("qwen35", "target"):
-        m = models(name)
-        e = Engine(m, None, Settings("ngram"), Sampler(0.0), CostModel(dict(FLAT)))
-        assert e.settings.draft_max == (m.draft_limit if m.draft_limit is not None else DRAFT_MAX_ADAPTIVE)
+        e = Engine(models(name), None, Settings("ngram"), Sampler(0.0), CostModel(dict(FLAT)))
+        caps[name] = e.settings.draft_max
+    assert caps["qwen35"] == caps["target"] == DRAFT_MAX_ADAPTIVE
 
 
 def test_fewer_snapshots_cap_the_draft(hybrid):
