@@ -334,7 +334,7 @@ def open_engine(
     copies, near-ties), calibrated first if there is no verify curve yet (or ``recalibrate``).
     ``on_notice`` hears, in one line each, that a calibration starts (it takes seconds) and
     that one was disturbed (its curve serves this run only). The draft model's step is timed
-    again in any case (six draft decodes): the stored one is only a prior."""
+    again at the first prompt (``ModelSource.begin``): the stored one is only a prior."""
     learned = store.load(pair.cost_key)
     engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads, eagle3=pair.eagle3)
     if settings.sources and not settings.fixed and (recalibrate or not engine.cost.verify):
@@ -344,6 +344,4 @@ def open_engine(
         why = engine.cost.measured.get("disturbed")
         if why and on_notice is not None:
             on_notice(f"the machine was busy while measuring ({why}): these costs serve this run only and are not stored")
-    elif settings.sources and not settings.fixed:
-        engine.time_draft()
     return engine

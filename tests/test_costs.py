@@ -259,10 +259,11 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
         pair.close()
 
 
-def test_a_draft_step_stored_on_a_busy_day_is_timed_again_when_the_pair_is_opened(tiny, tmp_path):
+def test_a_draft_step_stored_on_a_busy_day_is_timed_again_at_the_first_prompt_where_drafting_happens(tiny, tmp_path):
     """A stored draft cost is only a prior: one from a busy day would price the draft model out,
-    and a draft never tried is never timed again. Opening the pair times the step afresh; what
-    was stored with it (a round's first draft, a catch-up) moves by the same factor."""
+    and a draft never tried is never timed again. The first prompt in a process times the step
+    afresh, with the prompt in the draft's cache (a step at an empty cache is the cheapest there
+    is); what was stored with it (a round's first draft, a catch-up) moves by the same factor."""
     from specrun.session import PairConfig, open_engine, open_pair
 
     store = CostStore(tmp_path / "costs.json")
@@ -270,11 +271,17 @@ def test_a_draft_step_stored_on_a_busy_day_is_timed_again_when_the_pair_is_opene
     pair = open_pair(tiny["target"], tiny["draft-small"], PairConfig(n_ctx=1024, threads=1))
     try:
         store.save(pair.cost_key, Learned(CostModel({b: 0.05 for b in SIZES}), {"model": busy}))
-        src = open_engine(pair, Settings("model"), Sampler(0.0), store).sources["model"]
+        engine = open_engine(pair, Settings("model"), Sampler(0.0), store)
+        src = engine.sources["model"]
+        cached_at_timing = []
+        measure = src.measure_token_cost
+        src.measure_token_cost = lambda token: cached_at_timing.append(src.model.n_past) or measure(token)
+        prompt = pair.target.tokenize("the quick brown fox jumps over the lazy dog " * 4)
+        for _ in range(2):
+            engine.prefill(prompt)
         assert src.per_token < 1.0  # timed now, not the stored 10 s
         assert src.first_s == pytest.approx(3 * src.per_token) and src.catch_up_per_token == pytest.approx(src.per_token / 2)
-        fixed = open_engine(pair, Settings("model", fixed=True), Sampler(0.0), store).sources["model"]
-        assert fixed.per_token == 10.0  # fixed settings never ask what drafting costs
+        assert cached_at_timing == [len(prompt) - 1]  # once in the process, where the first draft is made
     finally:
         pair.close()
 

@@ -381,6 +381,40 @@ def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded)
     assert src.cost(4) == pytest.approx(4e-3 + len(tokens) * 1e-3)  # nothing after it to share it with
 
 
+def test_a_draft_that_falls_behind_after_every_short_stretch_pays_each_catch_up_in_full(loaded):
+    """Where the n-gram lookup takes most rounds, the draft's cache falls behind again a few
+    rounds after each catch-up: a catch-up buys that stretch of rounds, not the rest of the run.
+    Once its stretches have been short, a long run ahead no longer hides what one costs."""
+    from specrun.sources import ModelSource
+    from specrun.sources.base import Outcome
+    from specrun.sources.model import Autoregressive
+    from specrun.stats import RoundStats
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    tokens = target.tokenize(PROMPTS[0] * 4)
+    copied = target.tokenize(PROMPTS[1] * 6)  # what the n-gram lookup wrote while the draft waited
+
+    def source() -> ModelSource:
+        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 8)
+        src.per_token, src.catch_up_per_token = 1e-3, 1e-3
+        draft.reset()
+        return src
+
+    fresh = source()
+    fresh.prepare(tokens + copied, 8, 10_000)
+    catch_up = fresh.cost(4) - Autoregressive.cost(fresh, 4)
+    assert 0 < catch_up < 0.01 * fresh.lag * 1e-3  # no stretch seen yet: a share of the run
+    src = source()
+    for _ in range(2):  # twice: it catches up, brings 4 tokens, and falls behind again
+        p = src.propose(tokens, 3, 0.0)
+        assert p.caught_up > 2
+        src.observe(Outcome("model", p, 3, [*p.tokens, 0], False, RoundStats("model", 3, 3, 4, p.sync_s, 0.0, 0.0)))
+        draft.reset()
+    src.prepare(tokens + copied, 8, 10_000)
+    assert src.lag == fresh.lag
+    assert src.cost(4) - Autoregressive.cost(src, 4) == pytest.approx(src.lag * src.catch_up_per_token)  # the whole catch-up
+
+
 def test_a_new_prompt_is_prefilled_into_the_draft_cache_whatever_the_last_run_left_behind(loaded):
     """A run whose last rounds were the n-gram's or plain ones leaves the draft's cache behind,
     owing a catch-up. That is no cost of the next prompt, which is prefilled into the draft's
@@ -405,8 +439,14 @@ def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough
     draws count in full once the reply has run long enough (a long reply tries it)."""
     target = loaded["target"]
     curve = {b: 0.001 * (1 + 0.7 * (b - 1)) for b in FLAT}  # pays only at high acceptance
-    learned = Learned(CostModel(curve), {"model": {"per_token": 1e-6}})  # a free draft
-    short = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
+    learned = Learned(CostModel(curve), {"model": {"per_token": 1e-6}})  # a free draft ...
+
+    def engine() -> Engine:
+        e = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
+        e.sources["model"].measure_token_cost = lambda token: 1e-6  # ... also when timed at the first prompt
+        return e
+
+    short = engine()
     toks = target.tokenize(PROMPTS[1], add_special=True)
     tried = 0
     for _ in range(20):  # replies that end after about 6 tokens of a 500-token budget
@@ -415,7 +455,7 @@ def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough
             if step.stats.n_generated >= 6:
                 break
     assert tried == 0
-    long = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
+    long = engine()
     stats = None
     for step in long.generate(toks, 200):
         stats = step.stats

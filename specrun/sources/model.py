@@ -225,16 +225,28 @@ class ModelSource(Autoregressive):
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft
         self.left = 1  # tokens the reply is expected to have left
+        self.timed = False  # a draft step has been timed in this process
+        self.stretch: float | None = None  # the tokens its rounds brought between catch-ups, lately
+        self.since_catch_up = 0  # ... and since the last one (or the prompt)
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        """Measure its per-token cost if nothing has yet; then, if it could ever pay
-        (``may_draft``), prefill the cache as the target's, so that its first draft need not
-        catch up the whole prompt."""
-        if self.per_token is None and self.model.n_past < self.model.n_ctx:
-            self.per_token = self.measure_token_cost(prompt[-1])
+        """Once in a process, time a draft step where drafting happens: at the end of the
+        prompt, its cache filled. A stored time is only a prior (one from a busy day would price
+        the draft model out, and a draft never tried is never timed again), and a step at an
+        empty cache is the cheapest there is (a 0.5B's step at 400 tokens of context costs a
+        quarter more than at none). Then, if it could ever pay (``may_draft``), prefill the cache
+        as the target's, so that its first draft need not catch up the whole prompt."""
         self.lag = 0  # the last prompt's lag is no cost of this one: the cache is brought up to it below
-        if not may_draft():
-            return
+        self.since_catch_up = 0  # a stretch starts with the prompt (a reply's end cut the last one short)
+        if not self.timed and len(prompt) < self.model.n_ctx:
+            self._fill(prompt)
+            self.retime(self.measure_token_cost(prompt[-1]))
+            self.timed = True
+        if may_draft():
+            self._fill(prompt)
+
+    def _fill(self, prompt: list[int]) -> None:
+        """The cache holds the prompt but its last token."""
         n = common_prefix(self.model.tokens, prompt, limit=len(prompt) - 1)
         self.model.rollback(n)
         if prompt[n:-1]:
@@ -247,10 +259,20 @@ class ModelSource(Autoregressive):
 
     def cost(self, k: int) -> float:
         # a round's usual one or two new tokens are part of its first draft's cost; more is a
-        # catch-up, paid once for every round after it: this round bears its share of the run
+        # catch-up, paid once for the stretch of rounds it drafts before it falls behind again:
+        # this round bears its share (k + 1 of the stretch's tokens)
         d = self.token_cost()
         catch = self.catch_up_per_token if self.catch_up_per_token is not None else 0.5 * d
-        return super().cost(k) + (self.lag * catch * min(1.0, (k + 1) / self.left) if self.lag > 2 else 0.0)
+        return super().cost(k) + (self.lag * catch * min(1.0, (k + 1) / min(self.left, self._stretch())) if self.lag > 2 else 0.0)
+
+    def _stretch(self) -> float:
+        """The tokens its rounds are expected to bring between two catch-ups: as many as they
+        brought between those of this process so far, the stretch that has just ended (it fell
+        behind) included; where the n-gram lookup takes most rounds, every stretch pays a
+        catch-up of its own. Before any stretch, the rest of the reply."""
+        if self.since_catch_up:
+            return _ewma(self.stretch, self.since_catch_up)
+        return self.stretch if self.stretch is not None else self.left
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:
         if self.model.n_ctx - len(tokens) <= 0:
@@ -288,8 +310,15 @@ class ModelSource(Autoregressive):
     def observe(self, outcome: Outcome) -> None:
         super().observe(outcome)
         p = outcome.proposal
-        if outcome.source == self.name and p.caught_up and p.sync_s > 0:
-            self.catch_up_per_token = _ewma(self.catch_up_per_token, p.sync_s / p.caught_up)
+        if outcome.source != self.name:
+            return
+        if p.caught_up:  # a stretch ends, and another starts with this round
+            if p.sync_s > 0:
+                self.catch_up_per_token = _ewma(self.catch_up_per_token, p.sync_s / p.caught_up)
+            if self.since_catch_up:
+                self.stretch = self._stretch()
+            self.since_catch_up = 0
+        self.since_catch_up += len(outcome.emitted)
 
     def rollback(self, keep: int) -> None:
         self.model.rollback(keep)
