@@ -309,11 +309,12 @@ class Engine:
         self.tokens = []
 
     def calibrate(self) -> CostModel:
-        """Measure the target's verify cost by batch size (and the draft's per-token cost)
-        at the current position, leaving both caches as they were. A measurement taken while
-        the machine was busy comes back ``provisional`` (see ``costs.calibrate``). Every batch's
-        first row is the same position as the one-token decode: how far the two differ is the
-        kernels' gap, which sets the near-tie guard."""
+        """Measure the target's verify cost by batch size at the current position, leaving
+        both caches as they were (a drafting source times its own step at the first prompt,
+        where it drafts: ``ModelSource.begin``). A measurement taken while the machine was
+        busy comes back ``provisional`` (see ``costs.calibrate``). Every batch's first row is
+        the same position as the one-token decode: how far the two differ is the kernels' gap,
+        which sets the near-tie guard."""
         base = self.target.n_past
         pad = self.tokens[-1] if self.tokens else 0
         room = self.target.n_ctx - base
@@ -341,16 +342,7 @@ class Engine:
         if any(b > 1 for b in sizes):
             measured.kernel_gap = gap
         self.cost.adopt(measured)
-        self.time_draft()
         return self.cost
-
-    def time_draft(self) -> None:
-        """Time the draft model's step now, at the current position. A stored step time is only
-        a prior: one stored on a busy day would make the draft look too dear to try, and a
-        draft never tried is never timed again."""
-        model = self.sources.get("model")
-        if isinstance(model, ModelSource) and model.model.n_ctx > model.model.n_past:
-            model.retime(model.measure_token_cost(self.tokens[-1] if self.tokens else 0))
 
     @property
     def tie_margin(self) -> float:

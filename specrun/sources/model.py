@@ -60,6 +60,7 @@ class Autoregressive:
         self.first_s: float | None = None  # seconds to a round's first draft: it also feeds what the
         # last round added (one or two tokens), so it costs more than a step
         self.p_min = 0.0  # fixed mode: stop below this confidence (the chooser's rule is off)
+        self.timed = False  # a step has been timed in this process (a stored time is only a prior)
 
     # --- what a subclass provides ------------------------------------------------------
 
@@ -225,7 +226,6 @@ class ModelSource(Autoregressive):
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft
         self.left = 1  # tokens the reply is expected to have left
-        self.timed = False  # a draft step has been timed in this process
         self.stretch: float | None = None  # the tokens its rounds brought between catch-ups, lately
         self.since_catch_up = 0  # ... and since the last one (or the prompt)
 

@@ -32,7 +32,6 @@ class MtpSource(Autoregressive):
     def __init__(self, heads: DraftHead, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
         super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
         self.heads = heads
-        self.timed = False  # a head step has been timed in this process (a stored time is only a prior)
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         """The heads follow the target's own prefill; time a head step once in this process."""
