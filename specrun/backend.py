@@ -599,6 +599,7 @@ class Model:
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
+        ll.llama_synchronize(self._ctx)  # a GPU computes after llama_decode returns: time it all
         self.decode_s += time.perf_counter() - t0
         if rc != 0:
             # the cache may hold part of the batch: put it back where it was
@@ -629,6 +630,7 @@ class Model:
         b.n_tokens = i
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
+        ll.llama_synchronize(self._ctx)
         dt = time.perf_counter() - t0
         self.decode_s += dt
         i = 0
