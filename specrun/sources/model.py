@@ -29,7 +29,7 @@ import numpy as np
 
 from ..costs import EWMA
 from ..drafters import Proposal, common_prefix
-from ..sampling import Dist, Sampler
+from ..sampling import Dist, Sampler, greedy_confidence
 from .base import Outcome, Rate, RateTable
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class Autoregressive:
                 row = logits[: self.n_vocab]
                 if self.sampler.greedy:
                     x = int(np.argmax(row))
-                    conf = 1.0 / float(np.sum(np.exp(row - row[x])))
+                    conf = greedy_confidence(row, x)
                     q = Dist.one_hot(x)
                 else:
                     q = self.sampler.dist(row)
