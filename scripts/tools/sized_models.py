@@ -1,0 +1,115 @@
+"""A target and draft of real sizes with random weights, for cost curves where no real model can travel.
+
+    python scripts/tools/sized_models.py DIR [--embd 1536 --layers 28 --ff 8960 --heads 12 --kv-heads 2]
+        [--draft-layers 2] [--vocab 151936] [--later-scale 0.02]
+
+The device machine has no network and a call carries at most 64 MiB, so the demo pair cannot go
+there. What decides speculation's pay-off there is not the text but the costs: a verify of K
+tokens against one step, and a draft token's time inside and around its own decode. Those depend
+on the shapes (layers, width, a 151,936-token output layer) and the weight type, not on the
+weights' values. So this writes `DIR/target.gguf`, a llama network of Qwen2.5-1.5B's shapes in
+F16 (3.1 GB at the defaults), and `DIR/draft.gguf`, its first `--draft-layers` blocks with the
+same embeddings and output layer (so the draft token costs what a small model's does, output
+layer included). Blocks after the first write into the residual stream at `--later-scale`, so
+the truncated draft agrees with the target often enough for rounds to be accepted.
+
+The tokenizer is the tiny models' real byte-level BPE (tests/tiny_models.py), grown to `--vocab`
+with control tokens whose output rows are zero (as are the end-of-generation tokens'), so the
+text never ends early and never lands on a padding token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests")]
+
+from tiny_models import CONTEXT_LENGTH, LOGIT_STD, QK_STD, RMS_EPS, ROPE_FREQ_BASE, add_vocab, bpe_vocab, with_extra_tokens  # noqa: E402
+
+
+def weights(args, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random F16 llama weights (norms in F32), keyed by GGUF tensor name."""
+    e, ff, hd = args.embd, args.ff, args.embd // args.heads
+    kv = args.kv_heads * hd
+
+    def normal(rows: int, cols: int, std: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float16)
+
+    w = {"token_embd.weight": normal(args.vocab, e, 1.0)}
+    for i in range(args.layers):
+        out = 1.0 if i == 0 else args.later_scale
+        w |= {
+            f"blk.{i}.attn_norm.weight": np.ones(e, np.float32),
+            f"blk.{i}.attn_q.weight": normal(e, e, QK_STD / e**0.5),
+            f"blk.{i}.attn_k.weight": normal(kv, e, QK_STD / e**0.5),
+            f"blk.{i}.attn_v.weight": normal(kv, e, 1.0 / e**0.5),
+            f"blk.{i}.attn_output.weight": normal(e, e, out / e**0.5),
+            f"blk.{i}.ffn_norm.weight": np.ones(e, np.float32),
+            f"blk.{i}.ffn_gate.weight": normal(ff, e, 1.0 / e**0.5),
+            f"blk.{i}.ffn_up.weight": normal(ff, e, 1.0 / e**0.5),
+            f"blk.{i}.ffn_down.weight": normal(e, ff, out / ff**0.5),
+        }
+    w["output_norm.weight"] = np.ones(e, np.float32)
+    w["output.weight"] = normal(args.vocab, e, LOGIT_STD / e**0.5)
+    return w
+
+
+def write(path: Path, args, vocab, tensors: dict[str, np.ndarray], n_layer: int) -> None:
+    w = GGUFWriter(path, "llama")
+    w.add_name(path.stem)
+    w.add_file_type(LlamaFileType.MOSTLY_F16)
+    w.add_vocab_size(len(vocab))
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(args.embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(args.ff)
+    w.add_head_count(args.heads)
+    w.add_head_count_kv(args.kv_heads)
+    w.add_rope_dimension_count(args.embd // args.heads)
+    w.add_rope_freq_base(ROPE_FREQ_BASE)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    add_vocab(w, vocab)
+    for name, t in tensors.items():
+        if not name.startswith("blk.") or int(name.split(".")[1]) < n_layer:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--embd", type=int, default=1536)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--ff", type=int, default=8960)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--later-scale", type=float, default=0.02)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    base = bpe_vocab()
+    vocab = with_extra_tokens(base, args.vocab - len(base))
+    tensors = weights(args, np.random.default_rng(args.seed))
+    # control tokens (the padding and the end-of-generation ones) are never the top logit
+    out = tensors["output.weight"]
+    out[[i for i, kind in enumerate(vocab.types) if kind != 1]] = 0  # 1: a normal token
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for name, n_layer in (("target", args.layers), ("draft", args.draft_layers)):
+        path = args.dir / f"{name}.gguf"
+        write(path, args, vocab, tensors, n_layer)
+        print(f"{name:6} {path}  {n_layer} layers  {path.stat().st_size / 2**30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
