@@ -278,17 +278,29 @@ def calibrate(
     ``repeats``: what a round costs as a rule, as throughput counts it), checking that the
     machine stayed quiet: ``c(1)`` is measured before and after, each size's repeats must agree,
     and ``others()`` (cores used by other processes meanwhile) must stay low. A disturbed
-    calibration comes back ``provisional`` with the reason."""
+    calibration comes back ``provisional`` with the reason.
+
+    ``c(1)`` is timed in a row, as plain decoding runs. The sizes over one are timed in turn, a
+    sweep over all of them per repeat, after one untimed sweep: a verify follows a decode of
+    another size, and on a GPU that costs more than the same decode repeated (on the H200 the
+    first decode of a new shape is 3-5x the settled time, the first after a change of shape
+    1.3-2x, and the second in a row at that shape slower again), so timing one size three times
+    in a row mixed those costs and flagged every GPU calibration as disturbed. On a CPU the order
+    changes nothing."""
     ones = [measure(1) for _ in range(repeats)]
     before = statistics.median(ones)
     cost = CostModel()
     why: list[str] = []
-    for b in sizes:
-        samples = [measure(b) for _ in range(repeats)]
-        cost.verify[b] = statistics.median(samples)
-        if b == 1:
-            ones += samples
-        hi, lo = max(samples), min(samples)
+    batches = [b for b in sizes if b > 1]
+    for b in batches:
+        measure(b)
+    samples: dict[int, list[float]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            samples[b].append(measure(b))
+    for b in batches:
+        cost.verify[b] = statistics.median(samples[b])
+        hi, lo = max(samples[b]), min(samples[b])
         if hi > SPREAD * lo and hi - lo > MIN_ABS_S and not why:
             why.append(f"a {b}-token verify took {1e3 * lo:.1f} to {1e3 * hi:.1f} ms")
     later = [measure(1) for _ in range(repeats)]

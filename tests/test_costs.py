@@ -36,6 +36,28 @@ def test_a_quiet_calibration_is_stored(tmp_path):
     assert store.load("k").cost.verify == pytest.approx({b: 0.01 * v for b, v in CPU.items()})
 
 
+def test_a_gpu_whose_decodes_cost_more_after_a_change_of_shape_calibrates_quietly():
+    """On a GPU a decode costs more the first time its batch shape is seen, more again (1.3-2x)
+    right after a decode of another shape, and settles once a shape repeats (as the H200 did).
+    A verify follows a decode of another size, as in a run, so that is what its size is timed
+    at; plain decoding repeats one shape, so c(1) is the settled one. Timing a size's repeats
+    in a row mixed the three, flagged a quiet GPU as busy and stored nothing."""
+    settled = {1: 2.6e-3} | {b: 3.3e-3 + 2e-5 * b for b in SIZES[1:]}
+    seen: set[int] = set()
+    last = [0]
+
+    def gpu(b: int) -> float:
+        t = settled[b] * (4.0 if b not in seen else 1.7 if b != last[0] else 1.0)
+        seen.add(b)
+        last[0] = b
+        return t
+
+    cost = calibrate(gpu, SIZES)
+    assert not cost.provisional, cost.measured["disturbed"]
+    assert cost.verify[1] == pytest.approx(settled[1])
+    assert all(cost.verify[b] == pytest.approx(1.7 * settled[b]) for b in SIZES[1:])
+
+
 def test_times_that_jump_mark_a_calibration_disturbed_and_it_is_not_stored(tmp_path):
     calls = []
 
