@@ -4,8 +4,9 @@
 # The device machine has no network and a call carries at most 64 MiB, so the demo models
 # cannot travel. Run from the repository root ON the device, with these carried paths:
 #   .gpu/llama_cpp-0.3.36-cuda-sm90.tar.xz   (copy of shared/gpu's archive)
-#   .whl/*.whl                              (Python 3.12 wheels the device image lacks: gguf;
-#                                            see the device README for `pip download` flags)
+#   .whl/*.whl                              (Python 3.12 wheels the device image lacks: gguf, and
+#                                            diskcache, which llama_cpp imports; see the device
+#                                            README for `pip download` flags)
 # Every step runs even when one before it failed; each writes its own file under $OUT, so a run
 # cut off at its limit still brings back what it finished. In order of what only a GPU can tell:
 # 1. The CUDA build loads and offloads (specrun doctor, the offload report).
