@@ -365,31 +365,44 @@ def spm_vocab() -> Vocab:
 Weights = dict[str, np.ndarray]
 
 
-def make_weights(seed: int, n_vocab: int, n_layer: int = 2) -> Weights:
-    """Random llama weights, keyed by GGUF tensor name, shapes in NumPy (rows, cols) order."""
+def make_weights(
+    seed: int,
+    n_vocab: int,
+    n_layer: int = 2,
+    *,
+    n_embd: int = N_EMBD,
+    n_ff: int = N_FF,
+    n_head: int = N_HEAD,
+    n_head_kv: int = N_HEAD_KV,
+    later_scale: float = LATER_LAYER_SCALE,
+    dtype: type = np.float32,
+) -> Weights:
+    """Random llama weights, keyed by GGUF tensor name, shapes in NumPy (rows, cols) order; the
+    matrices in ``dtype``, the norms in F32. The keywords give other shapes (see
+    scripts/tools/sized_models.py); their defaults are the tiny models'."""
     rng = np.random.default_rng(seed)
 
     def normal(rows: int, cols: int, std: float) -> np.ndarray:
-        return rng.normal(0.0, std, size=(rows, cols)).astype(np.float32)
+        return rng.normal(0.0, std, size=(rows, cols)).astype(np.float32).astype(dtype, copy=False)
 
-    n_kv = N_HEAD_KV * HEAD_DIM
-    weights: Weights = {"token_embd.weight": normal(n_vocab, N_EMBD, 1.0)}
+    n_kv = n_head_kv * (n_embd // n_head)
+    weights: Weights = {"token_embd.weight": normal(n_vocab, n_embd, 1.0)}
     for i in range(n_layer):
-        out_scale = 1.0 if i == 0 else LATER_LAYER_SCALE
+        out_scale = 1.0 if i == 0 else later_scale
         weights |= {
-            f"blk.{i}.attn_norm.weight": np.ones(N_EMBD, np.float32),
-            f"blk.{i}.attn_q.weight": normal(N_EMBD, N_EMBD, QK_STD / N_EMBD**0.5),
-            f"blk.{i}.attn_k.weight": normal(n_kv, N_EMBD, QK_STD / N_EMBD**0.5),
-            f"blk.{i}.attn_v.weight": normal(n_kv, N_EMBD, 1.0 / N_EMBD**0.5),
-            f"blk.{i}.attn_output.weight": normal(N_EMBD, N_EMBD, out_scale / N_EMBD**0.5),
-            f"blk.{i}.ffn_norm.weight": np.ones(N_EMBD, np.float32),
-            f"blk.{i}.ffn_gate.weight": normal(N_FF, N_EMBD, 1.0 / N_EMBD**0.5),
-            f"blk.{i}.ffn_up.weight": normal(N_FF, N_EMBD, 1.0 / N_EMBD**0.5),
-            f"blk.{i}.ffn_down.weight": normal(N_EMBD, N_FF, out_scale / N_FF**0.5),
+            f"blk.{i}.attn_norm.weight": np.ones(n_embd, np.float32),
+            f"blk.{i}.attn_q.weight": normal(n_embd, n_embd, QK_STD / n_embd**0.5),
+            f"blk.{i}.attn_k.weight": normal(n_kv, n_embd, QK_STD / n_embd**0.5),
+            f"blk.{i}.attn_v.weight": normal(n_kv, n_embd, 1.0 / n_embd**0.5),
+            f"blk.{i}.attn_output.weight": normal(n_embd, n_embd, out_scale / n_embd**0.5),
+            f"blk.{i}.ffn_norm.weight": np.ones(n_embd, np.float32),
+            f"blk.{i}.ffn_gate.weight": normal(n_ff, n_embd, 1.0 / n_embd**0.5),
+            f"blk.{i}.ffn_up.weight": normal(n_ff, n_embd, 1.0 / n_embd**0.5),
+            f"blk.{i}.ffn_down.weight": normal(n_embd, n_ff, out_scale / n_ff**0.5),
         }
-    weights["output_norm.weight"] = np.ones(N_EMBD, np.float32)
+    weights["output_norm.weight"] = np.ones(n_embd, np.float32)
     # The final hidden state has unit RMS, so each logit has standard deviation LOGIT_STD.
-    weights["output.weight"] = normal(n_vocab, N_EMBD, LOGIT_STD / N_EMBD**0.5)
+    weights["output.weight"] = normal(n_vocab, n_embd, LOGIT_STD / n_embd**0.5)
     return weights
 
 
