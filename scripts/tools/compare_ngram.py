@@ -8,7 +8,8 @@ decoding of the same prompt.
         --types draft-simple,draft-simple@4,draft-simple@8,draft-simple@16 --specrun-modes model
 
 A type ``T@N`` is llama.cpp's type T with ``--spec-draft-n-max N``; ``--specrun-modes model``
-adds ``specrun generate --draft model`` (as ``specrun:model``). Run it through
+adds ``specrun generate --draft model`` (as ``specrun:model``), and ``MODE@N`` adds
+``--draft-max N`` to it. Run it through
 `scripts/compare-llama-cpp.sh --ngram` or `--draft-model`, which build llama.cpp's tools from the
 installed llama-cpp-python's sdist first. Each (run, prompt) runs every mode once, in a rotating
 order, so a noisy machine affects them alike: plain decoding (`specrun generate --draft none`),
@@ -55,7 +56,10 @@ def specrun_cmd(args, prompt_file: Path, n: int, mode: str | None) -> list[str]:
     """`specrun generate` on a rendered prompt file, with JSON out (``mode`` None: the default)."""
     cmd = [str(SPECRUN), "generate", "-m", str(args.target), "-d", str(args.draft), "-t", str(args.threads)]
     cmd += ["--prompt-file", str(prompt_file), "-n", str(n), "--json"]
-    return cmd + (["--draft", mode] if mode else [])
+    if not mode:
+        return cmd
+    mode, _, n_max = mode.partition("@")
+    return cmd + ["--draft", mode] + (["--draft-max", n_max] if n_max else [])
 
 
 def llama_cmd(args, prompt_file: Path, n: int, spec_type: str) -> list[str]:
@@ -105,7 +109,11 @@ def main() -> int:
         "--prompts", type=Path, help="a JSONL file of prompts instead of the bench's (e.g. scripts/tools/heldout_prompts.jsonl)"
     )
     ap.add_argument("--types", default=",".join(TYPES), help="llama.cpp's types, TYPE or TYPE@N-MAX")
-    ap.add_argument("--specrun-modes", default="", help="more specrun --draft modes to run beside the default, e.g. model")
+    ap.add_argument(
+        "--specrun-modes",
+        default="",
+        help="more specrun --draft modes to run beside the default, e.g. model; MODE@N adds --draft-max N (hybrid@63)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
