@@ -464,13 +464,24 @@ def add_vocab(writer: GGUFWriter, vocab: Vocab) -> None:
         writer.add_chat_template(vocab.chat_template)
 
 
-def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights, name: str = "tiny", split_max_tensors: int = 0) -> Path:
+def write_model(
+    path: str | os.PathLike[str],
+    *,
+    vocab: Vocab,
+    weights: Weights,
+    name: str = "tiny",
+    split_max_tensors: int = 0,
+    n_head: int = N_HEAD,
+    n_head_kv: int = N_HEAD_KV,
+) -> Path:
     """Write one GGUF file; rewrites `path` only if its bytes would change. With
     `split_max_tensors`, write a split model instead, as llama.cpp's gguf-split does:
-    `<stem>-00001-of-0000N.gguf`, ...; returns the first part."""
+    `<stem>-00001-of-0000N.gguf`, ...; returns the first part. The width, FFN and layer count
+    are read off `weights` (F32, or F16 as `make_weights(dtype=np.float16)` gives them)."""
     path = Path(path)
     n_layer = sum(1 for k in weights if k.endswith("attn_q.weight"))
-    n_vocab = weights["token_embd.weight"].shape[0]
+    n_vocab, n_embd = weights["token_embd.weight"].shape
+    n_ff = next((w.shape[0] for k, w in weights.items() if k.endswith("ffn_gate.weight")), N_FF)
     if n_vocab != len(vocab):
         raise ValueError(f"weights are for {n_vocab} tokens, the vocabulary has {len(vocab)}")
 
@@ -480,15 +491,16 @@ def write_model(path: str | os.PathLike[str], *, vocab: Vocab, weights: Weights,
         path.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(tmp, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(name)
-    writer.add_file_type(LlamaFileType.ALL_F32)
+    f16 = weights["token_embd.weight"].dtype == np.float16
+    writer.add_file_type(LlamaFileType.MOSTLY_F16 if f16 else LlamaFileType.ALL_F32)
     writer.add_vocab_size(n_vocab)
     writer.add_context_length(CONTEXT_LENGTH)
-    writer.add_embedding_length(N_EMBD)
+    writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
 
@@ -516,14 +528,14 @@ def begin(path: Path, arch: str, name: str, n_vocab: int, n_embd: int = N_EMBD) 
 
 
 def write_tensors(writer: GGUFWriter, vocab: Vocab, weights: Weights) -> None:
-    """The vocabulary and the tensors after the header keys already added (float ones as F32,
-    int64 and int32 ones as I64 and I32); the file is written and closed."""
+    """The vocabulary and the tensors after the header keys already added (F16 ones as F16, other
+    float ones as F32, int64 and int32 ones as I64 and I32); the file is written and closed."""
     add_vocab(writer, vocab)
     for tensor_name, w in weights.items():
         if w.dtype in _RAW_INT:
             writer.add_tensor(tensor_name, np.ascontiguousarray(w), raw_dtype=_RAW_INT[w.dtype])
         else:
-            writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float32))
+            writer.add_tensor(tensor_name, np.ascontiguousarray(w, dtype=np.float16 if w.dtype == np.float16 else np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -28,36 +28,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests")]
 
-from tiny_models import CONTEXT_LENGTH, RMS_EPS, ROPE_FREQ_BASE, add_vocab, bpe_vocab, make_weights, with_extra_tokens  # noqa: E402
-
-
-def write(path: Path, args, vocab, tensors: dict[str, np.ndarray], n_layer: int) -> None:
-    w = GGUFWriter(path, "llama")
-    w.add_name(path.stem)
-    w.add_file_type(LlamaFileType.MOSTLY_F16)
-    w.add_vocab_size(len(vocab))
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(args.embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(args.ff)
-    w.add_head_count(args.heads)
-    w.add_head_count_kv(args.kv_heads)
-    w.add_rope_dimension_count(args.embd // args.heads)
-    w.add_rope_freq_base(ROPE_FREQ_BASE)
-    w.add_layer_norm_rms_eps(RMS_EPS)
-    add_vocab(w, vocab)
-    for name, t in tensors.items():
-        if not name.startswith("blk.") or int(name.split(".")[1]) < n_layer:
-            w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from tiny_models import bpe_vocab, make_weights, truncated, with_extra_tokens, write_model  # noqa: E402
 
 
 def main() -> int:
@@ -92,7 +67,7 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     for name, n_layer in (("target", args.layers), ("draft", args.draft_layers)):
         path = args.dir / f"{name}.gguf"
-        write(path, args, vocab, tensors, n_layer)
+        write_model(path, vocab=vocab, weights=truncated(tensors, n_layer), name=name, n_head=args.heads, n_head_kv=args.kv_heads)
         print(f"{name:6} {path}  {n_layer} layers  {path.stat().st_size / 2**30:.2f} GiB")
     return 0
 
