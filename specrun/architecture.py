@@ -23,8 +23,10 @@ llama-cpp-python installed, a name missing from it is only reported, not refused
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from importlib import metadata
+from importlib import metadata, util
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,11 +139,20 @@ def mib(n: int) -> str:
 
 
 def installed_version() -> str | None:
-    """The installed llama-cpp-python's version, without importing it."""
+    """The installed llama-cpp-python's version, without importing it: from its package
+    metadata, or, where it has none (unpacked from an archive, say), from the package's
+    ``__version__`` line."""
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
+        pass
+    try:
+        spec = util.find_spec("llama_cpp")
+        text = Path(spec.origin).read_text(encoding="utf-8") if spec is not None and spec.origin else ""
+    except (ImportError, OSError, UnicodeDecodeError, ValueError):
         return None
+    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.MULTILINE)
+    return m.group(1) if m else None
 
 
 def loadable(name: str) -> bool | None:

@@ -421,6 +421,24 @@ def test_an_architecture_llama_cpp_cannot_load_is_one_line_and_exit_1(tmp_path, 
         assert len(lines) == 1 and "'retnet9'" in lines[0] and "Traceback" not in err, err
 
 
+def test_an_unknown_architecture_is_refused_where_llama_cpp_python_has_no_package_metadata(tmp_path, tiny, capsys, monkeypatch):
+    """A llama-cpp-python unpacked from an archive (the GPU machine's) has no package metadata:
+    its version is read from the package itself, so the refusal before loading still holds."""
+    from importlib import metadata
+
+    import specrun.architecture as architecture
+
+    def no_metadata(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(architecture.metadata, "version", no_metadata)
+    bad = tmp_path / "retnet.gguf"
+    write_unknown_arch(bad)
+    code = main(["check-pair", "-m", str(bad), "-d", str(tiny["target"])])
+    err = capsys.readouterr().err
+    assert code == EXIT_FAIL and "'retnet9'" in err and "Traceback" not in err, err
+
+
 # --- the command itself -----------------------------------------------------------------------
 
 
