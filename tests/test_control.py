@@ -278,6 +278,17 @@ def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
     assert NgramSource().acceptance(0, None, 0.0) == []  # (without line breaks known, no line rate)
 
 
+def test_a_copy_is_not_offered_past_the_end_of_its_sources_turn():
+    """A file quoted in the prompt is followed by the end of the user's turn: a copy of it ends
+    there, with that token, since the target stops at it and nothing after it could be kept."""
+    end_of_turn = 0
+    s = NgramSource(ends_turn=lambda t: t == end_of_turn)
+    seq = [1, 2, 3, 4, 5, end_of_turn, 7, 8, 9, 10, 11, 1, 2, 3]
+    assert s.prepare(seq, 16, 100) == 3
+    assert s.offer.tokens == [4, 5, end_of_turn]
+    assert NgramSource().prepare(seq, 16, 100) > 3  # the lookup itself offers what followed
+
+
 def test_stored_rates_are_a_prior_worth_a_few_observations():
     t = RateTable(len(COPY_BINS))
     for _ in range(500):

@@ -8,7 +8,9 @@ call or a comment is inserted between lines, so a copy that runs on across a lin
 different bet from one that runs on inside a line. A position that starts a new line has a
 rate of its own (with the length bin's as its prior). Guesses cost no model time, so every
 round scores the copy on offer against what the target actually wrote, drafted or not: the
-rates learn from every token, and a copy that starts to pay is taken up at once.
+rates learn from every token, and a copy that starts to pay is taken up at once. A copy ends
+where its source's turn ended (a file quoted in the prompt is followed by the end of the user's
+turn): the target stops there too, so nothing past that token could ever be kept.
 """
 
 from __future__ import annotations
@@ -36,12 +38,20 @@ class NgramSource:
 
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 6, ends_line: Callable[[int], bool] | None = None):
-        """``ends_line(token)``: does the token's text hold a line break? (None: lines unknown)"""
+    def __init__(
+        self,
+        n_min: int = 2,
+        n_max: int = 6,
+        ends_line: Callable[[int], bool] | None = None,
+        ends_turn: Callable[[int], bool] | None = None,
+    ):
+        """``ends_line(token)``: does the token's text hold a line break? (None: lines unknown);
+        ``ends_turn(token)``: does the target stop generating at it? (None: never)"""
         self.drafter = NgramDrafter(n_min, n_max)
         self.copy = RateTable(len(COPY_BINS))  # a copy goes on, inside a line, by its length
         self.line = Rate()  # ... and at the start of a new line
         self.ends_line = lru_cache(maxsize=None)(ends_line) if ends_line is not None else (lambda t: False)
+        self.ends_turn = ends_turn if ends_turn is not None else (lambda t: False)
         self.offer = Proposal()
         self.last = -1  # the sequence's last token, before the copy on offer
 
@@ -50,6 +60,9 @@ class NgramSource:
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
+        end = next((i for i, t in enumerate(self.offer.tokens) if self.ends_turn(t)), None)
+        if end is not None:
+            self.offer = self.offer.cut(end + 1)
         self.last = tokens[-1] if tokens else -1
         return len(self.offer)
 
