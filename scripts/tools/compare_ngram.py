@@ -9,7 +9,10 @@ decoding of the same prompt.
 
 A type ``T@N`` is llama.cpp's type T with ``--spec-draft-n-max N``; ``--specrun-modes model``
 adds ``specrun generate --draft model`` (as ``specrun:model``), and ``MODE@N`` adds
-``--draft-max N`` to it. Run it through
+``--draft-max N`` to it. ``--base DIR`` adds ``specrun:base``, the default run from another
+checkout of specrun (``git worktree add DIR COMMIT``) with a copy of the stored costs as they were
+at the start, so a change is measured against the code before it, alternated, in the same run.
+Run it through
 `scripts/compare-llama-cpp.sh --ngram` or `--draft-model`, which build llama.cpp's tools from the
 installed llama-cpp-python's sdist first. Each (run, prompt) runs every mode once, in a rotating
 order, so a noisy machine affects them alike: plain decoding (`specrun generate --draft none`),
@@ -27,6 +30,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from specrun.bench import load_prompts
 from specrun.modelinfo import model_info
+from specrun.session import cost_store
 from specrun.template import ChatTemplate, render_chat
 
 MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
@@ -73,9 +78,9 @@ def llama_cmd(args, prompt_file: Path, n: int, spec_type: str) -> list[str]:
     return cmd + (["-md", str(args.draft)] if spec_type.startswith("draft") else [])
 
 
-def run_specrun(args, prompt_file: Path, n: int, mode: str | None) -> dict:
+def run_specrun(args, prompt_file: Path, n: int, mode: str | None, env: dict[str, str] | None = None) -> dict:
     cmd = specrun_cmd(args, prompt_file, n, mode)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {p.stderr[-500:]}")
     s = json.loads(p.stdout)["stats"]
@@ -114,6 +119,7 @@ def main() -> int:
         default="",
         help="more specrun --draft modes to run beside the default, e.g. model; MODE@N adds --draft-max N (hybrid@63)",
     )
+    ap.add_argument("--base", type=Path, help="another checkout of specrun, run at its default as specrun:base")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
@@ -127,6 +133,7 @@ def main() -> int:
     if args.limit:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
     modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + args.types.split(",")
+    modes += ["specrun:base"] if args.base else []
     samples: list[dict] = []
     if args.from_log:
         for log in args.from_log:
@@ -149,6 +156,14 @@ def main() -> int:
         table(samples, classes, prompts, modes)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
+        base_env = None
+        if args.base:  # the other checkout first on the path, with its own copy of the stored costs
+            store = cost_store().path
+            (Path(tmp) / "base").mkdir()
+            if store is not None and store.exists():
+                shutil.copy(store, Path(tmp) / "base" / store.name)
+            path = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
+            base_env = {**os.environ, "PYTHONPATH": path, "SPECRUN_CACHE_DIR": str(Path(tmp) / "base")}
         files = []
         for i, p in enumerate(prompts):
             f = Path(tmp) / f"prompt{i}.txt"
@@ -166,6 +181,8 @@ def main() -> int:
                         r = run_specrun(args, f, n, "none")
                     elif mode == "specrun":
                         r = run_specrun(args, f, n, None)
+                    elif mode == "specrun:base":
+                        r = run_specrun(args, f, n, None, base_env)
                     elif mode.startswith("specrun:"):
                         r = run_specrun(args, f, n, mode.split(":", 1)[1])
                     else:
