@@ -35,15 +35,10 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
     from .backend import Eagle3Head, Model, MtpHeads
 
 DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
-# adaptive: the chooser picks K up to it, and each source offers what it can within that: a copy
-# runs to the rows of logits one verify returns less one (on the demo pair a 64-token verify costs
-# 0.19 of a plain step a token, a 33-token one 0.24, a 49-token one, llama.cpp's n-gram draft, 0.21)
-DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
-# ... and at that default a draft that comes token by token (a draft model, MTP or EAGLE-3 heads)
-# at most STEPWISE_MAX (trades: longer confident runs on a flat verify, against the steps a long
-# draft costs; with 63 for every source the F16 pair's code edit ran 1.05x llama.cpp's best, at 32
-# 1.40x)
-STEPWISE_MAX = 32
+# adaptive: the chooser picks K up to it (trades: a pure copy drafts 63 at 1.41x the speed of 32
+# on the demo pair, against the bench's edits and the memory-bound pair, which did no better at
+# 63; at most 63, the rows of logits one verify returns less one)
+DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 # llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
@@ -90,12 +85,6 @@ class Settings:
     def sources(self) -> list[str]:
         hybrid = ["ngram", "mtp", "model", "eagle3"]  # those at hand
         return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "eagle3": ["eagle3"], "hybrid": hybrid, "none": []}[self.mode]
-
-    @property
-    def stepwise_max(self) -> int:
-        """The most a token-by-token source drafts a round: ``draft_max``, except at the adaptive
-        default, where a copy may run longer than a draft that is paid for step by step."""
-        return STEPWISE_MAX if not self.fixed and self.draft_max == DRAFT_MAX_ADAPTIVE else self.draft_max
 
     def without_draft_model(self, heads: bool = False) -> Settings:
         """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
@@ -256,7 +245,7 @@ class Engine:
         self.sources: dict[str, Source] = draft_sources.build(
             settings.sources,
             draft_sources.Makings(
-                target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.stepwise_max, (settings.ngram_min, settings.ngram_max)
+                target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
             ),
         )
         for src in self.sources.values():

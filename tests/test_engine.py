@@ -209,25 +209,6 @@ def test_a_draft_max_over_the_rows_a_verify_can_return_is_cut_to_them(tiny):
         assert max(s.round.drafted for s in steps) == 7
 
 
-def test_at_the_defaults_a_copy_may_run_to_63_drafts_a_round_and_a_draft_models_run_to_32(loaded):
-    """The adaptive defaults give a copy room for 63 drafts a round, the rows of logits one
-    verify returns less one (a long verify costs less a token), while a token-by-token draft
-    offers at most 32: its steps are paid one by one. A cap the user sets holds for every
-    source, adaptive or fixed."""
-    t, d = loaded["target"], loaded["draft-copy"]
-    prompt = t.tokenize(PROMPTS[0] * 4, add_special=True)
-    e = Engine(t, d, Settings("hybrid"), Sampler(0.0), CostModel(dict(FLAT)))
-    rooms, lookup = [0], e.sources["ngram"].prepare
-    e.sources["ngram"].prepare = lambda tokens, room, left: rooms.append(room) or lookup(tokens, room, left)  # type: ignore[method-assign]
-    for _ in e.generate(prompt, 100):
-        pass
-    assert max(rooms) == 63
-    assert e.sources["model"].prepare(prompt, 63, 100) == 32
-    for fixed in (False, True):
-        asked = Engine(t, d, Settings("model", draft_max=48, fixed=fixed), Sampler(0.0), CostModel(dict(FLAT)))
-        assert asked.sources["model"].prepare(prompt, 63, 100) == 48
-
-
 def test_a_draft_cache_catch_up_is_not_counted_per_token(loaded):
     from specrun.sources import ModelSource
 

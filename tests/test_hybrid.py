@@ -22,7 +22,7 @@ from specrun.architecture import CHECKPOINTS_KEPT, ROLLBACK_DEPTH
 from specrun.backend import LoadOptions, Model
 from specrun.cli.main import main
 from specrun.costs import CostModel
-from specrun.engine import DRAFT_MAX_ADAPTIVE, STEPWISE_MAX, Engine, Settings
+from specrun.engine import DRAFT_MAX_ADAPTIVE, Engine, Settings
 from specrun.errors import EXIT_FAIL
 from specrun.learned import Learned
 from specrun.memory import GpuQuery, estimate
@@ -87,16 +87,14 @@ def test_each_architecture_gets_its_rollback_method(models, name):
     assert m.snapshots == (ROLLBACK_DEPTH if METHOD[name] == "snapshots" else 0)
 
 
-def test_a_snapshot_target_at_its_defaults_drafts_as_long_as_a_draft_model_does(models):
-    """A hybrid keeps as many state snapshots as a token-by-token draft drafts at the adaptive
-    defaults, so a draft model is not held to shorter drafts on it than on an attention model;
-    only a copy's longest (the rows one verify returns, less one) is cut to the snapshots."""
+def test_a_snapshot_target_at_its_defaults_drafts_as_long_as_an_attention_one(models):
+    """A hybrid keeps as many state snapshots as the adaptive cap needs, so at the defaults it
+    is not held to shorter drafts than an attention model."""
     caps = {}
     for name in ("qwen35", "target"):
         e = Engine(models(name), None, Settings("ngram"), Sampler(0.0), CostModel(dict(FLAT)))
         caps[name] = e.settings.draft_max
-    assert caps["qwen35"] == STEPWISE_MAX
-    assert caps["target"] == DRAFT_MAX_ADAPTIVE
+    assert caps["qwen35"] == caps["target"] == DRAFT_MAX_ADAPTIVE
 
 
 def test_fewer_snapshots_cap_the_draft(hybrid):

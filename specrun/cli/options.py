@@ -158,7 +158,7 @@ DRAFTING = (
         Settings,
         "draft_max",
         ("--draft-max",),
-        "Most draft tokens per round, at most 63, the rows of logits a verify returns less one (default: 63 adaptive, where the chooser picks K up to it for a copy, and up to 32 for a draft model or heads; 8 with --fixed).",
+        "Most draft tokens per round (default: 32 adaptive, where the chooser picks K up to it; 8 with --fixed; at most 63, the rows of logits a verify returns less one; a long pure copy runs faster at 63).",
         Optional[int],
     ),
     _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),

@@ -36,7 +36,7 @@ class Makings:
     sampler: Sampler
     rng: np.random.Generator
     cost: CostModel
-    draft_max: int  # the most a token-by-token source drafts a round (a copy is held only by the round's room)
+    draft_max: int
     ngram: tuple[int, int]
 
 
