@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
     from .backend import Eagle3Head, Model, MtpHeads
 
 DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
-# adaptive: the chooser picks K up to it (trades: a pure copy drafts 63 at 1.41x the speed of 32
-# on the demo pair, against the bench's edits and the memory-bound pair, which did no better at
-# 63; at most 63, the rows of logits one verify returns less one)
+# adaptive: the chooser picks K up to it (trades: on the demo pair a pure copy ran 1.09x faster
+# with copies allowed 63, against the memory-bound pair's summary and code edit, which ran 0.86x
+# and 0.94x; at most 63, the rows of logits one verify returns less one)
 DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
 # llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
