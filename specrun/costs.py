@@ -16,12 +16,15 @@ every round refines it:
   estimates, so one slow round moves no size but its own in later runs;
 * a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
   smaller batch verified in this process;
-* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale: a
-  size not verified in this process may be off by a common factor (a stored curve from a busier
-  day, say; spread ``COST_SIGMA``), and each round verified narrows its own spread as a mean of
-  noisy timings does (``NOISE_SIGMA`` a round). The chooser acts on such draws, so a longer
-  draft that the stored curve may wrongly price out gets tried now and then, and heals the curve
-  once it is.
+* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale, all
+  sizes moved by one common factor, each by its own spread: a size the reference measured is as
+  sure as one round of it (``NOISE_SIGMA``: how far the machine drifted since is read off the
+  sizes verified in this process, and the shape of a curve measured on this machine holds), and
+  each round verified narrows its spread as a mean of noisy timings does; a size nothing ever
+  measured (longer than the reference's longest) may be off by a factor of two (``COST_SIGMA``).
+  The chooser acts on such draws, so a longer draft that the curve may wrongly price out gets
+  tried now and then, and heals the curve once it is, while one it measured dear is not retried
+  in every new process.
 
 Rolling back a rejected draft is free on an attention cache but not on a recurrent state
 restored from a checkpoint, so its measured time per rejected round (``rollback_s``) is a cost too.
@@ -49,9 +52,9 @@ import psutil
 EWMA = 0.15  # once a size has this many rounds' worth of timings (1 / EWMA), each new round moves
 # its estimate this far (trades: following a machine whose speed changed, against noise moving
 # the curve)
-COST_SIGMA = 0.7  # log-spread of a cost not yet verified in this process: a factor of two either
-# way is plausible for a stored curve (trades: healing a wrong curve fast, against trying sizes
-# that are as dear as stored)
+COST_SIGMA = 0.7  # log-spread of a cost no measurement covers (longer than any size the reference
+# or this process measured): a factor of two either way is plausible (trades: finding out fast
+# that a long batch is cheap, against trying sizes that are as dear as they look)
 NOISE_SIGMA = 0.2  # log-spread of one round's time around its size's mean on a shared machine:
 # how much one verified round says (trades: trusting a few rounds, against re-trying a size
 # whose cost is already known)
@@ -78,6 +81,20 @@ def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
     out = np.interp(b, xs, ys)
     out = np.where(b < xs[0], ys[0] * b / xs[0], out)
     return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
+
+
+def _interpolated(spread: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """``spread`` where ``known``; between two known sizes the larger of theirs; ``COST_SIGMA``
+    beyond them."""
+    if not known.any():
+        return np.full(len(spread), COST_SIGMA)
+    sizes = np.flatnonzero(known)
+    i = np.arange(len(spread))
+    lo = np.searchsorted(sizes, i, side="right") - 1  # the nearest known size at or below each
+    hi = np.searchsorted(sizes, i, side="left")  # ... and at or above
+    inside = (lo >= 0) & (hi < len(sizes))
+    between = np.maximum(spread[sizes[np.maximum(lo, 0)]], spread[sizes[np.minimum(hi, len(sizes) - 1)]])
+    return np.where(known, spread, np.where(inside, between, COST_SIGMA))
 
 
 def _by_size(values: Mapping[int, float], n: int, missing: float = np.nan) -> np.ndarray:
@@ -152,22 +169,18 @@ class CostModel:
 
     def spread(self, n: int) -> np.ndarray:
         """The log-spread of c(1..n)'s posterior. A size verified in this process narrows with
-        each of its rounds (at most 1 / EWMA of them count: older rounds are forgotten). A size
-        between two verified ones is interpolated from them, so it is as uncertain as the less
-        certain of the two. Beyond the verified sizes, the stored curve is all there is:
-        ``COST_SIGMA``."""
+        each of its rounds (at most 1 / EWMA of them count: older rounds are forgotten); one the
+        reference measured counts as one round (how far the whole curve drifted since is a
+        common factor, read off the sizes that were verified; its shape is what a draw doubts).
+        A size between two of either is interpolated from them, so it is as uncertain as the
+        less certain of the two (the surer of the two ways, where both apply). Beyond them,
+        nothing was ever measured: ``COST_SIGMA``."""
         counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
         own = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
         verified = counts > 0
-        if not verified.any():
-            return own
-        sizes = np.flatnonzero(verified)
-        i = np.arange(n)
-        lo = np.searchsorted(sizes, i, side="right") - 1  # the nearest verified size at or below each
-        hi = np.searchsorted(sizes, i, side="left")  # ... and at or above
-        inside = (lo >= 0) & (hi < len(sizes))
-        between = np.maximum(own[sizes[np.maximum(lo, 0)]], own[sizes[np.minimum(hi, len(sizes) - 1)]])
-        return np.where(verified, own, np.where(inside, between, COST_SIGMA))
+        measured = verified | ~np.isnan(_by_size(self.verify, n))
+        one_round = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + 1.0 / NOISE_SIGMA**2)
+        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, one_round), measured))
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``

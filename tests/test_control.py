@@ -319,3 +319,32 @@ def test_a_table_stored_under_another_draft_cap_still_counts():
     shorter = RateTable(8)
     shorter.load(short.to_json())
     assert min(shorter.means()) > 0.8
+
+
+# a memory-bound target on this CPU (the demo target at F16): verifying 64 costs 9 single steps
+F16_CURVE = {1: 1.0, 2: 1.17, 4: 1.34, 8: 1.79, 12: 2.34, 16: 3.09, 24: 3.97, 32: 5.06, 64: 9.22}
+
+
+def long_choices(stored: dict[int, float], processes: int = 200) -> float:
+    """The share of new processes (each starting from ``stored``, having verified sizes 1-8)
+    whose first choice on a copy accepted 97% a position (well known) verifies more than 33."""
+    long = 0
+    for seed in range(processes):
+        cost = CostModel(dict(stored))
+        for b in range(1, 9):
+            cost.observe_verify(b, np.interp(b, list(F16_CURVE), list(F16_CURVE.values())))
+        arm = Arm("ngram", 0.97, 0.0, draft_max=63)
+        arm.positions.bins = [Rate(970.0, 1000.0) for _ in arm.positions.bins]
+        plan = Chooser({"ngram": arm}, cost, draft_max=63).choose({"ngram": 63}, 10_000, np.random.default_rng(seed))
+        long += plan.k > 32
+    return long / processes
+
+
+def test_a_long_verify_the_stored_curve_measured_dear_is_not_retried_by_every_new_process():
+    """At 97% a position, a 64-token verify at 9.2 steps brings fewer tokens a step than a
+    32-token one at 5.1; the stored curve measured both, so a new process seldom tries 64 on
+    hope. Had nothing measured 64, it would be tried now and then (it might be cheap)."""
+    measured = long_choices(F16_CURVE)
+    unmeasured = long_choices({b: v for b, v in F16_CURVE.items() if b <= 32})
+    assert measured < 0.01  # (one process in 20 did, when a stored size was doubted as if unmeasured)
+    assert unmeasured > 0.02
