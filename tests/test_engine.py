@@ -362,6 +362,26 @@ def test_a_drafted_tokens_cost_is_learned_from_its_steps_not_from_a_catch_up(loa
     assert src.cost(5) - src.cost(1) == pytest.approx(4 * src.per_token)
 
 
+def test_a_draft_stops_at_a_token_that_ends_the_targets_turn(loaded):
+    """The target stops generating at an end-of-generation token, so no draft past one could
+    be kept: a token-by-token draft ends with it (here a token the draft really writes is
+    declared one)."""
+    from specrun.sources import ModelSource
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    tokens = target.tokenize(PROMPTS[0] * 4)
+
+    def drafts(ends_turn) -> list[int]:
+        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 8, ends_turn)
+        draft.reset()
+        return src.propose(tokens, 8, 0.0).tokens
+
+    free = drafts(None)
+    assert len(free) == 8
+    stopped = drafts(lambda t: t == free[2])
+    assert stopped == free[: free.index(free[2]) + 1]
+
+
 def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded):
     """After a stretch of n-gram or plain rounds the draft's cache lags; catching it up is paid
     once for every round after it, so a long run bears a small share per round (else the lag

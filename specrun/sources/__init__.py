@@ -43,9 +43,11 @@ class Makings:
 # name -> how to make it (None: not possible with what is at hand)
 MAKERS: dict[str, Callable[[Makings], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram, ends_line=lambda t: b"\n" in m.target.piece(t), ends_turn=m.target.is_eog),
-    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.draft else None,
-    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.heads else None,
-    "eagle3": lambda m: Eagle3Source(m.eagle3, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max) if m.eagle3 else None,
+    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.draft else None,
+    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
+    "eagle3": lambda m: (
+        Eagle3Source(m.eagle3, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.eagle3 else None
+    ),
 }
 
 

@@ -10,7 +10,8 @@ The stop rule is the chooser's rule applied as the drafts come: at the round's p
 draft's confidence) less ``worth`` times its verify time. The round keeps the best cut, and
 drafts on while some longer draft, at its positions' rates, would beat that cut by more than
 its draft steps cost. On a memory-bound target (flat verify, cheap draft) that drafts long runs
-of confident tokens; on a compute-bound one it stops early.
+of confident tokens; on a compute-bound one it stops early. A draft also stops at a token that
+ends the target's turn: the target stops there, so nothing past it could be kept.
 
 The draft model (``ModelSource``) is a small model with the target's vocabulary. Its KV cache
 holds a prefix of the sequence (``model.tokens``); each proposal first re-syncs it (rolling back
@@ -49,8 +50,18 @@ class Autoregressive:
 
     name = ""
 
-    def __init__(self, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
+    def __init__(
+        self,
+        sampler: Sampler,
+        rng: np.random.Generator,
+        n_vocab: int,
+        cost: CostModel,
+        draft_max: int,
+        ends_turn: Callable[[int], bool] | None = None,
+    ):
+        """``ends_turn(token)``: does the target stop generating at it? (None: never)"""
         self.sampler = sampler
+        self.ends_turn = ends_turn if ends_turn is not None else (lambda t: False)
         self.rng = rng
         self.n_vocab = n_vocab
         self.verify = cost  # the target's verify curve, for the stop rule
@@ -144,7 +155,9 @@ class Autoregressive:
                 value = gained - worth * (c[i + 1] - c[0])
                 if value >= kept_value or i == 0:
                     keep, kept_value = i + 1, value
-                if i + 1 >= k or (worth > 0 and not self._more_pays(reach, gained, i + 1, k, kept_value, worth, a, c, d)):
+                if i + 1 >= k or self.ends_turn(x):  # the target stops at such a token: nothing past it is kept
+                    break
+                if worth > 0 and not self._more_pays(reach, gained, i + 1, k, kept_value, worth, a, c, d):
                     break
                 logits = self._step(x)
         finally:
@@ -220,8 +233,17 @@ class ModelSource(Autoregressive):
 
     name = "model"
 
-    def __init__(self, model: Model, sampler: Sampler, rng: np.random.Generator, n_vocab_target: int, cost: CostModel, draft_max: int):
-        super().__init__(sampler, rng, min(model.n_vocab, n_vocab_target), cost, draft_max)
+    def __init__(
+        self,
+        model: Model,
+        sampler: Sampler,
+        rng: np.random.Generator,
+        n_vocab_target: int,
+        cost: CostModel,
+        draft_max: int,
+        ends_turn: Callable[[int], bool] | None = None,
+    ):
+        super().__init__(sampler, rng, min(model.n_vocab, n_vocab_target), cost, draft_max, ends_turn)
         self.model = model
         self.catch_up_per_token: float | None = None  # seconds per token evaluated to catch the cache up
         self.lag = 0  # tokens the cache must catch up before it can draft

@@ -29,8 +29,17 @@ if TYPE_CHECKING:
 class MtpSource(Autoregressive):
     name = "mtp"
 
-    def __init__(self, heads: DraftHead, sampler: Sampler, rng: np.random.Generator, n_vocab: int, cost: CostModel, draft_max: int):
-        super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max))
+    def __init__(
+        self,
+        heads: DraftHead,
+        sampler: Sampler,
+        rng: np.random.Generator,
+        n_vocab: int,
+        cost: CostModel,
+        draft_max: int,
+        ends_turn: Callable[[int], bool] | None = None,
+    ):
+        super().__init__(sampler, rng, n_vocab, cost, min(draft_max, heads.max_draft or draft_max), ends_turn)
         self.heads = heads
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
