@@ -14,10 +14,8 @@ every round refines it:
   dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
   busy machine, heals from the sizes in use. Only measurements are stored, never these
   estimates, so one slow round moves no size but its own in later runs;
-* a batch never costs more a token than a smaller batch verified in this process, or than a
-  single step (a batch reads the weights once for all its tokens), nor (``optimistic``) less than
-  a smaller batch verified in this process. So a curve stored far too dear at the long sizes is
-  tried there, and heals, as soon as the sizes in use show what a token really costs;
+* a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
+  smaller batch verified in this process;
 * ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale, all
   sizes moved by one common factor, each by its own spread: a size the reference measured is as
   sure as one round of it (``NOISE_SIGMA``: how far the machine drifted since is read off the
@@ -99,15 +97,6 @@ def _interpolated(spread: np.ndarray, known: np.ndarray) -> np.ndarray:
     return np.where(known, spread, np.where(inside, between, COST_SIGMA))
 
 
-def _dearest(est: np.ndarray, verified: np.ndarray) -> np.ndarray:
-    """The most c(1..n) could cost: ``b`` times the cheapest a token came in a smaller batch
-    verified in this process, or in a single step."""
-    b = np.arange(1, len(est) + 1)
-    per_token = np.where(verified, est / b, np.inf)
-    per_token[0] = est[0]
-    return b * np.append(est[0], np.minimum.accumulate(per_token)[:-1])
-
-
 def _by_size(values: Mapping[int, float], n: int, missing: float = np.nan) -> np.ndarray:
     """``values`` by batch size as an array over sizes 1..n (index b - 1), ``missing`` elsewhere."""
     out = np.full(n, missing)
@@ -165,7 +154,8 @@ class CostModel:
         else:
             est = ref
         est = np.where(verified, seen, est)
-        return np.where(verified, est, np.minimum(est, _dearest(est, verified)))
+        est[1:] = np.where(verified[1:], est[1:], np.minimum(est[1:], b[1:] * est[0]))  # nor than b single steps
+        return est
 
     def optimistic(self, n: int) -> np.ndarray:
         """The least c(1..n) could be: the estimate where verified in this process, else no
@@ -184,26 +174,23 @@ class CostModel:
         common factor, read off the sizes that were verified; its shape is what a draw doubts).
         A size between two of either is interpolated from them, so it is as uncertain as the
         less certain of the two (the surer of the two ways, where both apply). Beyond them,
-        nothing was ever measured: ``COST_SIGMA``. (Worked out over every size known, so what
-        is said of c(b) does not depend on how many sizes are asked for.)"""
-        m = max(n, *self.verify, *self.seen)
-        counts = np.minimum(_by_size(self.n_seen, m, 0.0), 1.0 / EWMA)
+        nothing was ever measured: ``COST_SIGMA``."""
+        counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
         own = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
         verified = counts > 0
-        measured = verified | ~np.isnan(_by_size(self.verify, m))
+        measured = verified | ~np.isnan(_by_size(self.verify, n))
         one_round = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + 1.0 / NOISE_SIGMA**2)
-        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, one_round), measured))[:n]
+        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, one_round), measured))
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
         (0: the estimate itself). Every size moves with one common factor, each by its own
-        spread, between what a smaller verified batch costs and the most its tokens could cost."""
+        spread, between what a smaller verified batch costs and ``b`` single steps."""
         est = self.table(n)
         if scale <= 0:
             return est
         z = scale * float(rng.standard_normal())
-        dearest = _dearest(est, ~np.isnan(_by_size(self.seen, n)))
-        v = np.clip(est * np.exp(z * self.spread(n)), self.optimistic(n), np.maximum(dearest, self.optimistic(n)))
+        v = np.clip(est * np.exp(z * self.spread(n)), self.optimistic(n), np.arange(1, n + 1) * est[0])
         v[0] = est[0]
         return v
 
