@@ -83,6 +83,12 @@ def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
     return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
 
 
+def _after_rounds(rounds: np.ndarray | float) -> np.ndarray | float:
+    """The log-spread of a size's cost once ``rounds`` rounds of it were timed: a guess
+    (``COST_SIGMA``) narrowed by each round as a mean of noisy timings is."""
+    return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + rounds / NOISE_SIGMA**2)
+
+
 def _interpolated(spread: np.ndarray, known: np.ndarray) -> np.ndarray:
     """``spread`` where ``known``; between two known sizes the larger of theirs; ``COST_SIGMA``
     beyond them."""
@@ -176,11 +182,10 @@ class CostModel:
         less certain of the two (the surer of the two ways, where both apply). Beyond them,
         nothing was ever measured: ``COST_SIGMA``."""
         counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
-        own = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + counts / NOISE_SIGMA**2)
+        own = _after_rounds(counts)
         verified = counts > 0
         measured = verified | ~np.isnan(_by_size(self.verify, n))
-        one_round = 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + 1.0 / NOISE_SIGMA**2)
-        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, one_round), measured))
+        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(1.0)), measured))
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
