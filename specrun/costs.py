@@ -83,7 +83,7 @@ def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
     return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
 
 
-def _after_rounds(rounds: np.ndarray | float) -> np.ndarray | float:
+def _after_rounds(rounds: np.ndarray) -> np.ndarray:
     """The log-spread of a size's cost once ``rounds`` rounds of it were timed: a guess
     (``COST_SIGMA``) narrowed by each round as a mean of noisy timings is."""
     return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + rounds / NOISE_SIGMA**2)
@@ -185,7 +185,7 @@ class CostModel:
         own = _after_rounds(counts)
         verified = counts > 0
         measured = verified | ~np.isnan(_by_size(self.verify, n))
-        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(1.0)), measured))
+        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(np.ones(n))), measured))
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
