@@ -18,10 +18,13 @@ every round refines it:
   smaller batch verified in this process;
 * ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale, all
   sizes moved by one common factor, each by its own spread: a size the reference measured is as
-  sure as one round of it (``NOISE_SIGMA``: how far the machine drifted since is read off the
-  sizes verified in this process, and the shape of a curve measured on this machine holds), and
-  each round verified narrows its spread as a mean of noisy timings does; a size nothing ever
-  measured (longer than the reference's longest) may be off by a factor of two (``COST_SIGMA``).
+  sure as one round of it (how far the machine drifted since is read off the sizes verified in
+  this process, and the shape of a curve measured on this machine holds), and each round
+  verified narrows its spread as a mean of noisy timings does. How far one round strays from its
+  size's mean is itself measured: the pooled spread of the rounds of every size timed more than
+  once (the calibration's repeats, then this process's rounds, and stored for the next run), with
+  ``NOISE_SIGMA`` as its prior. A size nothing ever measured (longer than the reference's
+  longest) may be off by a factor of two (``COST_SIGMA``).
   The chooser acts on such draws, so a longer draft that the curve may wrongly price out gets
   tried now and then, and heals the curve once it is, while one it measured dear is not retried
   in every new process.
@@ -55,7 +58,8 @@ EWMA = 0.15  # once a size has this many rounds' worth of timings (1 / EWMA), ea
 COST_SIGMA = 0.7  # log-spread of a cost no measurement covers (longer than any size the reference
 # or this process measured): a factor of two either way is plausible (trades: finding out fast
 # that a long batch is cheap, against trying sizes that are as dear as they look)
-NOISE_SIGMA = 0.2  # log-spread of one round's time around its size's mean on a shared machine:
+NOISE_SIGMA = 0.2  # the prior for the log-spread of one round's time around its size's mean (then
+# measured; the prior counts as one round) on a shared machine:
 # how much one verified round says (trades: trusting a few rounds, against re-trying a size
 # whose cost is already known)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64)  # 64: the longest verify (--draft-max 63)
@@ -83,10 +87,11 @@ def _interp(points: dict[int, float], b: np.ndarray) -> np.ndarray | None:
     return np.where(b > xs[-1], ys[-1] * b / xs[-1], out)
 
 
-def _after_rounds(rounds: np.ndarray) -> np.ndarray:
-    """The log-spread of a size's cost once ``rounds`` rounds of it were timed: a guess
-    (``COST_SIGMA``) narrowed by each round as a mean of noisy timings is."""
-    return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + rounds / NOISE_SIGMA**2)
+def _after_rounds(rounds: np.ndarray, noise: float) -> np.ndarray:
+    """The log-spread of a size's cost once ``rounds`` rounds of it were timed, each with
+    log-spread ``noise``: a guess (``COST_SIGMA``) narrowed by each round as a mean of noisy
+    timings is."""
+    return 1.0 / np.sqrt(1.0 / COST_SIGMA**2 + rounds / noise**2)
 
 
 def _interpolated(spread: np.ndarray, known: np.ndarray) -> np.ndarray:
@@ -125,6 +130,11 @@ class CostModel:
     kernel_gap: float | None = None
     provisional: bool = False  # measured on a busy machine: used for this run, never stored
     measured: dict[str, Any] = field(default_factory=dict)  # when and under what conditions the reference was measured
+    # how far one round strays from its size's mean, pooled over sizes: squared log deviations and
+    # the rounds they rest on (the prior, NOISE_SIGMA, as one round)
+    noise: tuple[float, float] = (NOISE_SIGMA**2, 1.0)
+    # ... worked out from each size's rounds in this process: their number and mean log time
+    _logs: dict[int, tuple[int, float]] = field(default_factory=dict, init=False, repr=False, compare=False)
     # the estimates already worked out for the curve as it stands
     _memo: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False, compare=False)
     _memo_key: tuple = field(default=(), init=False, repr=False, compare=False)
@@ -182,10 +192,28 @@ class CostModel:
         less certain of the two (the surer of the two ways, where both apply). Beyond them,
         nothing was ever measured: ``COST_SIGMA``."""
         counts = np.minimum(_by_size(self.n_seen, n, 0.0), 1.0 / EWMA)
-        own = _after_rounds(counts)
+        own = _after_rounds(counts, self.round_noise)
         verified = counts > 0
         measured = verified | ~np.isnan(_by_size(self.verify, n))
-        return np.minimum(_interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(np.ones(n))), measured))
+        return np.minimum(
+            _interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(np.ones(n), self.round_noise)), measured)
+        )
+
+    @property
+    def round_noise(self) -> float:
+        """The log-spread of one round's time around its size's mean, as measured so far."""
+        ss, rounds = self.noise
+        return math.sqrt(ss / rounds)
+
+    def _pool(self, b: int, seconds: float) -> None:
+        """Count one timing of a batch of ``b`` into the pooled spread (Welford's update, per size)."""
+        n, mean = self._logs.get(b, (0, 0.0))
+        x = math.log(seconds)
+        n, d = n + 1, x - mean
+        mean += d / n
+        self._logs[b] = (n, mean)
+        if n > 1:
+            self.noise = (self.noise[0] + d * (x - mean), self.noise[1] + 1.0)
 
     def drawn(self, rng, scale: float, n: int) -> np.ndarray:
         """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
@@ -208,6 +236,7 @@ class CostModel:
         # the estimate a bounded step, at most two spreads of a stored value's prior for the
         # first round of a size, a factor of two after that
         seconds = min(seconds, old * (math.exp(2 * COST_SIGMA) if b not in self.seen else 2.0))
+        self._pool(b, seconds)
         # the first round in this process replaces a stored value (only a prior); then the mean
         # of the rounds so far, then one that forgets at EWMA a round
         self.seen[b] = seconds if b not in self.seen else old + max(1.0 / n, EWMA) * (seconds - old)
@@ -227,7 +256,7 @@ class CostModel:
         self.seen = dict(calibrated.verify)
         self.n_seen = dict.fromkeys(calibrated.verify, 1)
         self._version += 1
-        self.provisional, self.measured = calibrated.provisional, dict(calibrated.measured)
+        self.provisional, self.measured, self.noise = calibrated.provisional, dict(calibrated.measured), calibrated.noise
         if calibrated.kernel_gap is not None:
             self.kernel_gap = calibrated.kernel_gap
 
@@ -242,6 +271,7 @@ class CostModel:
             "verify": {str(k): v for k, v in self.measurements().items()},
             "rollback_s": self.rollback_s,
             "measured": self.measured,
+            "noise": [round(x, 6) for x in self.noise],
             **({"kernel_gap": self.kernel_gap} if self.kernel_gap is not None else {}),
         }
 
@@ -250,13 +280,17 @@ class CostModel:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         if any(b < 1 or not (v > 0 and math.isfinite(v)) for b, v in verify.items()):
             raise ValueError("bad verify curve")
-        rb, gap = d.get("rollback_s"), d.get("kernel_gap")
-        return cls(
+        rb, gap, noise = d.get("rollback_s"), d.get("kernel_gap"), d.get("noise")
+        cost = cls(
             verify,
             rollback_s=float(rb) if isinstance(rb, (int, float)) and rb >= 0 else 0.0,
             measured=dict(d.get("measured") or {}),
             kernel_gap=float(gap) if isinstance(gap, (int, float)) and 0 <= gap < 100 else None,
         )
+        if isinstance(noise, list) and len(noise) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in noise):
+            keep = min(1.0, 1.0 / EWMA / noise[1])  # an earlier run's rounds count as a size's memory at most
+            cost.noise = (float(noise[0]) * keep, float(noise[1]) * keep)
+        return cost
 
 
 # --- calibration ---------------------------------------------------------------------------------
@@ -318,6 +352,8 @@ def calibrate(
             samples[b].append(measure(b))
     for b in batches:
         cost.verify[b] = statistics.median(samples[b])
+        for seconds in samples[b]:
+            cost._pool(b, max(seconds, 1e-9))
         hi, lo = max(samples[b]), min(samples[b])
         if hi > SPREAD * lo and hi - lo > MIN_ABS_S and not why:
             why.append(f"a {b}-token verify took {1e3 * lo:.1f} to {1e3 * hi:.1f} ms")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from rich.console import Group
@@ -447,6 +448,11 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         if measured:
             cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
             t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
+        noise = cost.get("noise")
+        if isinstance(noise, list) and len(noise) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in noise):
+            t.add_row(
+                "one round strays by", f"about {100 * math.expm1(math.sqrt(noise[0] / noise[1])):.0f}% (over {noise[1]:.0f} rounds' worth)"
+            )
         t.add_row("updated", str(e.get("updated", "-")))
         stored = (e.get("sources") or {}).get("ngram")
         if stored:

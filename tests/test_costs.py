@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from specrun.backend import LoadOptions, Model
 from specrun.costs import CostModel, calibrate
+from specrun.display import costs_table
 from specrun.engine import Engine, Settings
 from specrun.learned import CostStore, Learned
 from specrun.sampling import Sampler
@@ -185,6 +187,27 @@ def test_how_surely_a_size_is_drawn_follows_what_measured_it():
     log_sd = np.log(draws).std(axis=0)
     assert log_sd[7] < 2 * log_sd[11]  # c(8), between 1 and 12, about as sure as c(12) itself
     assert log_sd[11] < log_sd[19] < 0.5 * log_sd[47]  # c(20), stored, less sure; c(48), never measured, far less
+
+
+def test_how_far_one_round_strays_is_measured_and_kept_for_the_next_run():
+    """The calibration's repeats measure it, each process's rounds refine it, and the next run
+    starts from it as a few rounds' worth, so a machine that grew noisier soon says so."""
+    rng = np.random.default_rng(0)
+    quiet = calibrate(lambda b: 1e-3 * CPU[b] * float(np.exp(0.02 * rng.standard_normal())), SIZES)
+    assert not quiet.provisional and quiet.round_noise < 0.08  # the prior alone says 0.2
+    cost = CostModel()
+    cost.adopt(quiet)
+    for _ in range(20):
+        cost.observe_verify(8, 1e-3 * CPU[8] * float(np.exp(0.02 * rng.standard_normal())))
+    assert cost.round_noise < 0.06
+    later = CostModel.from_json(json.loads(json.dumps(cost.to_json())))
+    assert later.round_noise == pytest.approx(cost.round_noise, rel=0.01)
+    for _ in range(10):  # a busier day
+        later.observe_verify(8, 1e-3 * CPU[8] * float(np.exp(0.3 * rng.standard_normal())))
+    assert later.round_noise > 0.15
+    shown = Console(width=200, record=True)
+    shown.print(costs_table(Path("costs.json"), {"pair": {"cost": later.to_json()}}))
+    assert f"about {100 * np.expm1(later.round_noise):.0f}%" in shown.export_text()
 
 
 def cycling_prompt(t: Model) -> list[int]:

@@ -477,6 +477,6 @@ def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough
     assert tried == 0
     long = engine()
     stats = None
-    for step in long.generate(toks, 200):
+    for step in long.generate(target.tokenize(PROMPTS[0], add_special=True), 200):  # a reply that runs its 200
         stats = step.stats
     assert stats is not None and stats.n_drafted > 0
