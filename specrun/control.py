@@ -12,6 +12,14 @@ were), drafting K tokens brings and costs::
 and the chooser takes the best (source, K) over every source and K, K = 0 included. ``c`` is a
 measured curve (``costs.py``); each source states its own ``a_j`` and ``D`` (``sources/``).
 
+That ratio is the right goal when every round faces the same options. A reply's rounds do not:
+an edit's copy breaks where the edit is, and a round with no copy on offer can do far less than
+the reply has been doing. A second of such a round is worth what a second has been making in
+this reply (its pace), so when the pace beats every option's rate, the round takes the most
+tokens *beyond* that, ``E[tokens | K] - pace T(K)`` (average reward): a short draft, or a plain
+step, that gets back to the copy soon, rather than a long one that pays less a second than the
+copy will. Where the pace is below the best rate, both goals pick the same K.
+
 Everything it does not know yet (an idle source, a batch size never verified in this process)
 is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
 uncertain but could pay gets tried, what is known to lose does not, and trying and exploiting
@@ -95,9 +103,20 @@ class Chooser:
             return k, float(rates[k - 1])
         return 0, 0.0 if drafting else 1.0 / float(c[0])
 
-    def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator) -> Plan:
+    def surplus(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, pace: float) -> tuple[int, float]:
+        """The K in [draft_min, len(acc)] that makes the most tokens beyond what its time makes at
+        ``pace`` tokens a second, and that surplus (K = 0, a plain step, makes 1 - pace c(1))."""
+        u = 1.0 - self.tie_rate
+        total = u + np.cumsum(np.cumprod(acc * u))
+        gains = total - pace * (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
+        gains[: self.draft_min - 1] = -np.inf
+        k = int(np.argmax(gains)) + 1 if len(gains) else 0
+        return (k, float(gains[k - 1])) if k else (0, -np.inf)
+
+    def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float = 0.0) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``left`` how many
-        tokens the reply is expected to have left to use what this round teaches."""
+        tokens the reply is expected to have left to use what this round teaches, ``pace`` the
+        tokens a second the reply has made so far."""
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if self.fixed:
             s = next(iter(caps), None)
@@ -107,16 +126,24 @@ class Chooser:
         c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
         plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
+        offers = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            drawn = src.acceptance(cap, rng, scale)
-            k, rate = self.best(np.array(drawn), draft, c, r)
+            drawn = np.array(src.acceptance(cap, rng, scale))
+            offers[name] = (drawn, draft)
+            k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:
                 plan = Plan(name, k, rate, tuple(drawn), tuple(c))
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
+        if pace > plan.rate:  # the reply has made tokens faster than anything on offer now
+            plan, most = Plan("none", 0, pace), 1.0 - pace * c[0]
+            for name, (drawn, draft) in offers.items():
+                k, gain = self.surplus(drawn, draft, c, r, pace)
+                if k and gain > most:
+                    plan, most = Plan(name, k, pace, tuple(drawn), tuple(c)), gain
         return plan
 
     def could_pay(self, src: Source, cap: int) -> bool:

@@ -380,3 +380,28 @@ def test_how_far_a_draw_doubts_a_stored_size_is_what_this_machines_rounds_measur
     quiet, noisy = shorter_choices(0.02), shorter_choices(0.3)
     assert quiet < 0.05
     assert noisy > 0.15
+
+
+def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace():
+    """A draft model on a memory-bound target (a token costs a quarter of a step, 95% kept): with
+    nothing else on offer its best rate is a long draft. In a reply that has been running faster
+    (copies, 3.3 tokens a step), a second of this round is worth 3.3 tokens, so it takes what
+    loses least against that: a much shorter draft, here a plain step that gets back to the copy
+    soonest; a reply running slower than the draft's rate changes nothing."""
+    step = F16_CURVE[1]
+    cost = CostModel(dict(F16_CURVE))
+    arm = Arm("model", 0.95, 0.26 * step, draft_max=32)
+    arm.positions.bins = [Rate(950.0, 1000.0) for _ in arm.positions.bins]
+    chooser = Chooser({"model": arm}, cost)
+    rng = np.random.default_rng(0)
+    alone = chooser.choose({"model": 32}, 0, rng)
+    assert alone.source == "model" and alone.k >= 6
+    assert chooser.choose({"model": 32}, 0, rng, pace=0.9 * alone.rate) == alone
+    fast = chooser.choose({"model": 32}, 0, rng, pace=3.3 / step)
+    assert fast.k < alone.k / 2
+
+    def gained(plan, pace):  # tokens beyond what the round's time makes at that pace
+        acc = np.cumprod(np.full(plan.k, 0.95))
+        return 1 + acc.sum() - pace * (cost.verify_cost(plan.k + 1) + arm.cost(plan.k) if plan.k else cost.verify_cost(1))
+
+    assert gained(fast, 3.3 / step) > gained(alone, 3.3 / step)
