@@ -91,13 +91,19 @@ class Chooser:
     def tie_rate(self) -> float:
         return self.ties.mean(0.0)
 
+    def _tokens_and_time(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float) -> tuple[np.ndarray, np.ndarray]:
+        """E[tokens | K] and T(K) for K = 1..len(acc) (the module's formula); K below
+        ``draft_min`` yields nothing."""
+        u = 1.0 - self.tie_rate
+        total = u + np.cumsum(np.cumprod(acc * u))
+        total[: self.draft_min - 1] = -np.inf
+        return total, c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r
+
     def best(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, drafting: bool = False) -> tuple[int, float]:
         """The K in {0} U [draft_min, len(acc)] with the highest rate, and that rate (K >= 1
         only, if ``drafting``). ``acc``: a_1..a_K; ``draft``: D(1..K); ``c``: c(1..K+1)."""
-        u = 1.0 - self.tie_rate
-        total = u + np.cumsum(np.cumprod(acc * u))  # E[tokens | K], K = 1..len(acc)
-        rates = total / (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
-        rates[: self.draft_min - 1] = -np.inf
+        total, time = self._tokens_and_time(acc, draft, c, r)
+        rates = total / time
         k = int(np.argmax(rates)) + 1 if len(rates) else 0
         if k and (drafting or rates[k - 1] > 1.0 / c[0]):
             return k, float(rates[k - 1])
@@ -106,10 +112,8 @@ class Chooser:
     def surplus(self, acc: np.ndarray, draft: np.ndarray, c: np.ndarray, r: float, pace: float) -> tuple[int, float]:
         """The K in [draft_min, len(acc)] that makes the most tokens beyond what its time makes at
         ``pace`` tokens a second, and that surplus (K = 0, a plain step, makes 1 - pace c(1))."""
-        u = 1.0 - self.tie_rate
-        total = u + np.cumsum(np.cumprod(acc * u))
-        gains = total - pace * (c[1 : len(acc) + 1] + draft + (1.0 - np.cumprod(acc)) * r)
-        gains[: self.draft_min - 1] = -np.inf
+        total, time = self._tokens_and_time(acc, draft, c, r)
+        gains = total - pace * time
         k = int(np.argmax(gains)) + 1 if len(gains) else 0
         return (k, float(gains[k - 1])) if k else (0, -np.inf)
 
