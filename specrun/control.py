@@ -34,7 +34,8 @@ source's copy rates learn from every round, drafted or not, so it states their m
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
 
-The explanation of an idle stretch (``idle_reason``) reads the same numbers at their means.
+The explanation of an idle stretch (``idle_reason``) reads the same numbers at their means, and
+the reply's pace where that is what kept a round plain.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Chooser:
     fixed: bool = False
     ties: Rate = field(default_factory=Rate)  # near-ties per row checked
     options: dict[str, Option] = field(default_factory=dict)  # the last round's best per source, at the means
+    pace: float = 0.0  # the reply's pace the last round was weighed against, where it beat every option (else 0)
 
     @property
     def tie_rate(self) -> float:
@@ -142,7 +144,8 @@ class Chooser:
             means = np.array(src.acceptance(cap, None, 0.0))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
-        if pace > plan.rate:  # the reply has made tokens faster than anything on offer now
+        self.pace = pace if pace > plan.rate else 0.0
+        if self.pace:  # the reply has made tokens faster than anything on offer now
             plan, most = Plan("none", 0, pace), 1.0 - pace * c[0]
             for name, (drawn, draft) in offers.items():
                 k, gain = self.surplus(drawn, draft, c, r, pace)
@@ -178,6 +181,10 @@ class Chooser:
                     f"{name}: its best draft ({o.k} tokens, {o.a1:.0%} accepted at the first) would run {o.speedup:.2f}x plain "
                     f"(verifying {o.k + 1} costs {o.verify_steps:.1f} plain steps, drafting {o.k} costs {o.draft_steps:.1f})"
                 )
+        if self.pace:
+            why.append(
+                f"the reply has run {self.pace * self.cost.verify_cost(1):.2f}x plain so far, faster than any of these, so each round takes what gains most beyond that pace"
+            )
         return "; ".join(why)
 
 

@@ -195,6 +195,25 @@ def test_the_explanation_reads_the_numbers_the_choice_used():
     assert o.speedup == pytest.approx(tokens / (c(o.k + 1) + o.k * 0.5 / 30) * c(1), rel=1e-6)
 
 
+def test_an_idle_stretch_below_the_replys_pace_says_so():
+    """Where the reply's pace, not the options' rates, kept a round plain, the explanation says so
+    (it reads the numbers the choice used); where the pace was below the best rate, it does not."""
+    step = F16_CURVE[1]
+    arm = Arm("model", 0.95, 0.26 * step, draft_max=32)
+    arm.positions.bins = [Rate(950.0, 1000.0) for _ in arm.positions.bins]
+    chooser = Chooser({"model": arm}, CostModel(dict(F16_CURVE)))
+    from specrun.stats import RunStats
+
+    stats = RunStats(draft_lengths=[0] * 32)
+    rng = np.random.default_rng(0)
+    alone = chooser.choose({"model": 32}, 0, rng)
+    chooser.choose({"model": 32}, 0, rng, pace=0.9 * alone.rate)
+    assert "pace" not in chooser.idle_reason(stats)
+    assert chooser.choose({"model": 32}, 0, rng, pace=3.3 / step).k == 0
+    why = chooser.idle_reason(stats)
+    assert "pace" in why and "3.30x plain" in why and f"{chooser.options['model'].speedup:.2f}x plain" in why
+
+
 # --- posteriors ----------------------------------------------------------------------------------
 
 
