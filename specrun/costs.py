@@ -108,6 +108,13 @@ def _interpolated(spread: np.ndarray, known: np.ndarray) -> np.ndarray:
     return np.where(known, spread, np.where(inside, between, COST_SIGMA))
 
 
+def stored_noise(value: Any) -> tuple[float, float] | None:
+    """A stored pooled spread (squared log deviations, and the rounds they rest on), if it is one."""
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in value):
+        return float(value[0]), float(value[1])
+    return None
+
+
 def _by_size(values: Mapping[int, float], n: int, missing: float = np.nan) -> np.ndarray:
     """``values`` by batch size as an array over sizes 1..n (index b - 1), ``missing`` elsewhere."""
     out = np.full(n, missing)
@@ -280,16 +287,16 @@ class CostModel:
         verify = {int(k): float(v) for k, v in d.get("verify", {}).items()}
         if any(b < 1 or not (v > 0 and math.isfinite(v)) for b, v in verify.items()):
             raise ValueError("bad verify curve")
-        rb, gap, noise = d.get("rollback_s"), d.get("kernel_gap"), d.get("noise")
+        rb, gap, noise = d.get("rollback_s"), d.get("kernel_gap"), stored_noise(d.get("noise"))
         cost = cls(
             verify,
             rollback_s=float(rb) if isinstance(rb, (int, float)) and rb >= 0 else 0.0,
             measured=dict(d.get("measured") or {}),
             kernel_gap=float(gap) if isinstance(gap, (int, float)) and 0 <= gap < 100 else None,
         )
-        if isinstance(noise, list) and len(noise) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in noise):
+        if noise is not None:
             keep = min(1.0, 1.0 / EWMA / noise[1])  # an earlier run's rounds count as a size's memory at most
-            cost.noise = (float(noise[0]) * keep, float(noise[1]) * keep)
+            cost.noise = (noise[0] * keep, noise[1] * keep)
         return cost
 
 

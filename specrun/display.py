@@ -422,6 +422,7 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
 
 def costs_table(path, entries: dict[str, dict]) -> Group:
     """The stored costs and statistics, one table per entry."""
+    from .costs import stored_noise
     from .sources.ngram import COPY_BINS, NgramSource, copy_bin
 
     if not entries:
@@ -448,8 +449,8 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         if measured:
             cond = f"others used {measured.get('others_cpu', '?')} cores, load {measured.get('load_avg', '?')}"
             t.add_row("measured", f"{measured.get('date', '?')} ({cond})")
-        noise = cost.get("noise")
-        if isinstance(noise, list) and len(noise) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in noise):
+        noise = stored_noise(cost.get("noise"))
+        if noise is not None:
             t.add_row(
                 "one round strays by", f"about {100 * math.expm1(math.sqrt(noise[0] / noise[1])):.0f}% (over {noise[1]:.0f} rounds' worth)"
             )
