@@ -887,11 +887,12 @@ class DraftHead:
             raise BackendError(f"the {self.what} lost step with the target (at {self.n_past}, batch at {pos0})", "use another {mode}")
         self._states = np.concatenate([before[None] if before is not None else np.zeros((0, self.n_state), np.float32), rows])
         self._lo = pos0 - (before is not None)
-        # a batch re-decoding positions the head holds keeps their entries; a head with no
-        # pair for position 0 (shift 1) counts it as held from the start
+        # a batch re-decoding positions the head holds (a replay after a rollback, perhaps in
+        # several decodes) keeps their entries, and those past it; a head with no pair for
+        # position 0 (shift 1) counts it as held from the start
         for p in range(max(self.n_past, pos0, self.shift), pos0 + n) if self.own_cache else ():
             self._queue.append((tokens[p - pos0], p, self.state_before(p)))
-        self.n_past = pos0 + n
+        self.n_past = max(self.n_past, pos0 + n)
         if len(self._queue) >= self.n_batch:  # a batch's worth: feed it in one decode (keeping n_batch - 1 fed one a token)
             self._feed()
         self.process_s += time.perf_counter() - t0

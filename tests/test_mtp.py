@@ -260,23 +260,24 @@ def test_hybrid_weighs_the_heads_and_a_draft_model_together(target, mtp, plain):
 
 
 def test_chat_turns_keep_the_heads_in_step(target, fresh):
-    """A second turn extends the sequence (the cache keeps the first): the heads go on from
-    where they were, and both turns match plain decoding's."""
+    """A second turn extends the sequence (the cache keeps the first), a third goes back into
+    the first prompt, before any checkpoint of the recurrent state (the target replays the
+    prefix from the start, in two decodes, and the heads keep what they hold of it): the heads
+    stay in step, and every turn matches plain decoding's."""
     user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
 
     def turns(settings: Settings, check: bool) -> list[list[int]]:
         target.reset()
         e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads)
         out = []
-        prompt = target.tokenize(PROMPTS[0])
-        for _ in range(3):
+        first = target.tokenize(PROMPTS[0])
+        for prompt in (first, None, first[:-3] + user):
             got = []
-            for step in e.generate(prompt, 24):
+            for step in e.generate(prompt or e.tokens + user, 24):
                 got += step.tokens
                 if check:
                     check_in_step(target, fresh, e.tokens)
             out.append(got)
-            prompt = e.tokens + user
         return out
 
     assert turns(Settings("mtp", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
