@@ -380,3 +380,37 @@ def test_bench_mtp_on_a_target_without_heads_is_one_line(mtp, tmp_path, capsys):
     code, out, err = cli(["bench", "-m", str(mtp["mtp-stripped"]), "-t", "1", "--prompts", str(prompts), "--draft", "mtp"], capsys)
     assert code == EXIT_USAGE
     assert err.count("\n") == 1 and "needs built-in MTP heads" in err and "Traceback" not in err
+
+
+def test_serve_keeps_the_heads_in_step_when_a_request_goes_back_into_the_cache(mtp, tmp_path):
+    """`serve --draft mtp` on the hybrid target, started a second time (its verify costs stored
+    by the first, as for any user's second run): a request that rewrites the end of the one
+    before reuses most of the slot's cache, so the target rolls back before its recurrent
+    state's checkpoint and replays the prefix from the start; the heads keep what they hold of
+    it and draft on (the code before answered 400, 'the MTP heads failed to draft'), and each
+    reply is what plain decoding writes."""
+    from serve_helpers import Server
+
+    args = ["-m", str(mtp["mtp"]), "--draft", "mtp", "-t", "1", "-c", "1024", "--parallel", "0"]
+    for _ in range(4):  # until a start finds the costs stored (a calibration timed as disturbed is not)
+        s = Server(args, tmp_path)
+        if "measuring" not in s.stderr:
+            break
+        assert s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 1})[0] == 200
+        assert s.stop() == 143, s.stderr
+    try:
+        assert "measuring" not in s.stderr, s.stderr
+        speculative = {"n_max": K, "p_min": 0.0, "fixed": True}
+        for prompt in PROMPTS:
+            first = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "speculative": speculative}
+            second = {"prompt": prompt[:-2] + " and so", "max_tokens": 24, "temperature": 0}
+            for body in (first, {**second, "speculative": speculative}):
+                status, _, r = s.post("/v1/completions", body)
+                assert status == 200, r
+                assert r["timings"]["draft_n"] > 0
+            assert r["timings"]["cache_n"] > 0  # the second reused the first's cache
+            status, _, plain_r = s.post("/v1/completions", {**second, "draft": "none"})
+            assert status == 200 and plain_r["choices"][0]["text"] == r["choices"][0]["text"]
+    finally:
+        assert s.stop() == 143, s.stderr
+    assert "Traceback" not in s.stderr, s.stderr
