@@ -9,9 +9,7 @@ drafts untouched: the exact output says so, and so does a target whose assistant
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
 
 import heads_run
@@ -22,15 +20,12 @@ from tiny_gemma4 import N_EMBD, build_gemma4
 
 from specrun.backend import Gemma4Assistant, LoadOptions, Model
 from specrun.cli.main import main
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
+from specrun.engine import Settings
 from specrun.errors import EXIT_FAIL, EXIT_USAGE
 from specrun.heads import HeadFile, head_file_of, heads_of
 from specrun.modelinfo import model_info
-from specrun.sampling import Sampler
 
 K = 6
-FLAT = {b: 0.01 for b in range(1, 34)}  # a dear verify, as on a large target: drafting pays
 
 
 @pytest.fixture(scope="session")
@@ -163,94 +158,27 @@ def plain(target):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_assistant_equals_plain(target, fresh, plain, prompt):
-    seen = Counter()
-
-    def on_step(e: Engine, step) -> None:
-        r = step.round
-        seen["accept"] += r.accepted > 0
-        seen["reject"] += r.accepted < r.drafted
-        check_in_step(target, fresh, e.tokens)
-
-    out, stats = run(target, Settings("mtp", draft_max=K, p_min=0.0, fixed=True), target.tokenize(prompt), on_step=on_step)
-    assert out == plain[prompt]
-    assert stats.by_source["mtp"][2] > 0 and seen["accept"] and seen["reject"]
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.exact_and_in_step(target, s, target.tokenize(prompt), plain[prompt], lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_near_ties_and_a_long_prompt_keep_it_in_step(target, fresh, plain):
-    ties = []
-
-    def on_step(e, step):
-        ties.append(step.round.ties)
-        check_in_step(target, fresh, e.tokens)
-
-    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True, tie_margin=3.0)
-    out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
-    assert out == plain[PROMPTS[0]] and sum(ties) >= 5
-    long = target.tokenize(" ".join(PROMPTS) * 4)
-    assert len(long) > 3 * target.n_batch
     s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
-    out, _ = run(target, s, long, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
-    assert out == run(target, Settings("none"), long, n=24)[0]
+    heads_run.near_ties_in_step(target, s, target.tokenize(PROMPTS[0]), plain[PROMPTS[0]], lambda seq: check_in_step(target, fresh, seq))
+    heads_run.long_prompt_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_hybrid_weighs_the_assistant_with_ngram(target, plain):
-    used = Counter()
-    for prompt in PROMPTS:
-        target.reset()
-        e = Engine(target, None, Settings("hybrid", draft_max=K), Sampler(0.0), CostModel(dict(FLAT)), heads=target.heads)
-        assert list(e.sources) == ["ngram", "mtp"]
-        out, stats = [], None
-        for step in e.generate(target.tokenize(prompt), N_TOKENS):
-            out += step.tokens
-            stats = step.stats
-        assert out == plain[prompt]
-        used.update({k: v[0] for k, v in stats.by_source.items()})
-    assert used["mtp"] > 0, used
+    heads_run.hybrid_weighs_the_heads(target, "mtp", K, plain)
 
 
 def test_chat_turns_keep_it_in_step(target, fresh):
-    user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
-
-    def turns(settings: Settings, check: bool) -> list[list[int]]:
-        target.reset()
-        e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads)
-        out = []
-        first = target.tokenize(PROMPTS[0])
-        for prompt in (first, None, first[:-3] + user):
-            got = []
-            for step in e.generate(prompt or e.tokens + user, 24):
-                got += step.tokens
-                if check:
-                    check_in_step(target, fresh, e.tokens)
-            out.append(got)
-        return out
-
-    assert turns(Settings("mtp", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.chat_turns_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_sampling_keeps_the_targets_distribution(target):
-    """As tests/test_mtp.py's: 600 seeded first tokens at temperature 1.5 with the assistant's
-    drafts, against the target's own law (total variation distance)."""
-    prompt = target.tokenize(PROMPTS[0])
-    sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
-    target.reset()
-    first = sampler.dist(target.eval(prompt, logits="last")[0].copy())
-    top = [int(x) for x in first.ids[np.argsort(-first.probs)[:8]]]
-    p = np.array([first.prob(x) for x in top] + [0.0])
-    p[-1] = 1.0 - p.sum()
-    n = 600
-    counts = np.zeros(len(p))
-    accepted = 0
-    for seed in range(n):
-        out, stats = run(
-            target, Settings("mtp", draft_max=3, p_min=0.0, fixed=True), prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed)
-        )
-        counts[top.index(out[0]) if out[0] in top else -1] += 1
-        accepted += stats.n_accepted
-    assert accepted > n / 20
-    tv = 0.5 * np.abs(counts / n - p).sum()
-    noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
-    assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+    heads_run.sampling_follows_the_target(target, "mtp", kept=0.05)
 
 
 def test_generate_with_the_assistant_from_the_cli(gemma4, capsys):

@@ -9,7 +9,6 @@ distribution, and tokens counted by source."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -270,20 +269,10 @@ def plain(target):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_eagle3_equals_plain(target, fresh, plain, prompt):
-    """64 tokens with the head alone (every round drafts up to K tokens) come out as plain
-    decoding's, and after every round the head is in step with the target."""
-    seen = Counter()
-
-    def on_step(e: Engine, step) -> None:
-        r = step.round
-        seen["accept"] += r.accepted > 0
-        seen["reject"] += r.accepted < r.drafted
-        check_in_step(target, fresh, e.tokens)
-
+    """64 tokens with the head alone (every round drafts up to K tokens): plain decoding's, and
+    the head in step after every round."""
     s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
-    out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
-    assert out == plain[prompt]
-    assert stats.by_source["eagle3"][2] > 0 and seen["accept"] and seen["reject"]
+    heads_run.exact_and_in_step(target, s, target.tokenize(prompt), plain[prompt], lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_the_first_guess_agrees_with_the_target_often(target, plain):
@@ -301,75 +290,22 @@ def test_the_first_guess_agrees_with_the_target_often(target, plain):
 
 
 def test_a_prompt_of_several_batches(target, fresh):
-    """A prompt over three times the batch size: the target prefills it in chunks, and the
-    head catches up chunk by chunk (never more than a batch queued); exact and in step."""
-    prompt = target.tokenize(" ".join(PROMPTS) * 4)
-    assert len(prompt) > 3 * target.n_batch
     s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
-    out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
-    assert out == run(target, Settings("none"), prompt, n=24)[0]
+    heads_run.long_prompt_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_near_ties_keep_the_head_in_step(target, fresh, plain):
-    """A wide tie margin makes most rounds stop at a near-tie (a deferred position): still the
-    plain output, still in step."""
-    ties = []
-
-    def on_step(e, step):
-        ties.append(step.round.ties)
-        check_in_step(target, fresh, e.tokens)
-
-    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True, tie_margin=3.0)
-    out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
-    assert out == plain[PROMPTS[0]] and sum(ties) >= 5
-
-
-# a verify that costs 10 ms whatever its size, as on a large memory-bound target: drafting with
-# the head (a fraction of a millisecond a token) pays, and the chooser should see it
-FLAT = {b: 0.01 for b in range(1, 34)}
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.near_ties_in_step(target, s, target.tokenize(PROMPTS[0]), plain[PROMPTS[0]], lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_hybrid_chooses_among_ngram_and_the_head(target, plain):
-    """The default mode with an EAGLE-3 head: the n-gram lookup and the head, chosen by the
-    controller; exact either way. Where verifying is dear, it drafts with the head."""
-    s = Settings("hybrid", draft_max=K)
-    used = Counter()
-    for prompt in PROMPTS:
-        target.reset()
-        e = Engine(target, None, s, Sampler(0.0), CostModel(dict(FLAT)), eagle3=target.eagle3)
-        assert list(e.sources) == ["ngram", "eagle3"]
-        out, stats = [], None
-        for step in e.generate(target.tokenize(prompt), N_TOKENS):
-            out += step.tokens
-            stats = step.stats
-        assert out == plain[prompt]
-        assert set(stats.by_source) <= {"eagle3", "ngram", "none"}
-        used.update({k: v[0] for k, v in stats.by_source.items()})
-    assert used["eagle3"] > 0, used
+    heads_run.hybrid_weighs_the_heads(target, "eagle3", K, plain)
 
 
 def test_chat_turns_keep_the_head_in_step(target, fresh):
-    """A second turn extends the sequence (the cache keeps the first), a third goes back into
-    the first prompt (the cache keeps a prefix, and the head the same one): the head stays in
-    step, and every turn matches plain decoding's."""
-    user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
-
-    def turns(settings: Settings, check: bool) -> list[list[int]]:
-        target.reset()
-        e = Engine(target, None, settings, Sampler(0.0), CostModel(), eagle3=target.eagle3)
-        out = []
-        first = target.tokenize(PROMPTS[0])
-        for prompt in (first, None, first[:-3] + user):
-            prompt = prompt or e.tokens + user
-            got = []
-            for step in e.generate(prompt, 24):
-                got += step.tokens
-                if check:
-                    check_in_step(target, fresh, e.tokens)
-            out.append(got)
-        return out
-
-    assert turns(Settings("eagle3", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
+    s = Settings("eagle3", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.chat_turns_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_a_head_attached_late_catches_up(tiny, heads, target):
@@ -391,32 +327,11 @@ def test_a_head_attached_late_catches_up(tiny, heads, target):
 
 @pytest.mark.parametrize("head", ["eagle3", "d2t"])
 def test_sampling_keeps_the_targets_distribution(target, head, request):
-    """At temperature 1.5, unfiltered, the first token drawn with the head's drafts (its guess
-    accepted with probability min(1, p/q), or a draw from the residual) follows the target's
-    own law: 600 seeded runs, binned into the target's 8 likeliest tokens and the rest, against
-    what 600 draws from the exact law score (total variation distance). Also with a d2t head
-    that lacks the target's commonest tokens (its q is 0 there, its logits -inf)."""
+    """Also with a d2t head that lacks the target's commonest tokens (its q is 0 there, its
+    logits -inf)."""
     if head == "d2t":
         target = request.getfixturevalue("d2t_targets")["leaves-out"][0]
-    prompt = target.tokenize(PROMPTS[0])
-    sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
-    target.reset()
-    first = sampler.dist(target.eval(prompt, logits="last")[0].copy())
-    top = [int(x) for x in first.ids[np.argsort(-first.probs)[:8]]]
-    p = np.array([first.prob(x) for x in top] + [0.0])
-    p[-1] = 1.0 - p.sum()
-    n = 600
-    counts = np.zeros(len(p))
-    accepted = 0
-    s = Settings("eagle3", draft_max=3, p_min=0.0, fixed=True)
-    for seed in range(n):
-        out, stats = run(target, s, prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed))
-        counts[top.index(out[0]) if out[0] in top else -1] += 1
-        accepted += stats.n_accepted
-    assert accepted > n / 20  # the head's guesses were kept often enough to matter
-    tv = 0.5 * np.abs(counts / n - p).sum()
-    noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
-    assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+    heads_run.sampling_follows_the_target(target, "eagle3", kept=0.05)
 
 
 # --- a head with its own smaller vocabulary (d2t) ---------------------------------------------
@@ -510,7 +425,7 @@ def test_the_head_beside_the_targets_own_mtp_heads(tmp_path):
             assert m.n_past == m.heads.n_past == m.eagle3.n_past == m.eagle3.cached + m.eagle3.queued == len(e.tokens) - 1
 
         m.reset()
-        e = Engine(m, None, Settings("hybrid", draft_max=K), Sampler(0.0), CostModel(dict(FLAT)), heads=m.heads, eagle3=m.eagle3)
+        e = Engine(m, None, Settings("hybrid", draft_max=K), Sampler(0.0), CostModel(dict(heads_run.FLAT)), heads=m.heads, eagle3=m.eagle3)
         assert list(e.sources) == ["ngram", "mtp", "eagle3"]
         out = []
         for step in e.generate(prompt, N_TOKENS):

@@ -11,9 +11,7 @@ checkpoint for the rollback snapshots cannot do (tests/test_hybrid.py's)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
 
 import heads_run
@@ -189,54 +187,24 @@ def plain(target):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_mtp_equals_plain(target, fresh, plain, prompt):
-    """64 tokens with the heads alone (every round drafts up to SNAPSHOTS tokens) come out as
-    plain decoding's, and after every round the heads are in step with the target."""
-    seen = Counter()
-
-    def on_step(e: Engine, step) -> None:
-        r = step.round
-        seen["accept"] += r.accepted > 0
-        seen["reject"] += r.accepted < r.drafted
-        check_in_step(target, fresh, e.tokens)
-
+    """64 tokens with the heads alone (every round drafts up to SNAPSHOTS tokens): plain decoding's,
+    and the heads in step after every round."""
     s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
-    out, stats = run(target, s, target.tokenize(prompt), on_step=on_step)
-    assert out == plain[prompt]
-    assert stats.by_source["mtp"][1] > 0 and seen["accept"] and seen["reject"]
+    heads_run.exact_and_in_step(target, s, target.tokenize(prompt), plain[prompt], lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_a_prompt_of_several_batches(target, fresh):
-    """A prompt over three times the batch size: the target prefills it in chunks, and the
-    heads catch up chunk by chunk (never more than a batch queued); exact and in step."""
-    prompt = target.tokenize(" ".join(PROMPTS) * 4)
-    assert len(prompt) > 3 * target.n_batch
     s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
-    out, _ = run(target, s, prompt, n=24, on_step=lambda e, step: check_in_step(target, fresh, e.tokens))
-    assert out == run(target, Settings("none"), prompt, n=24)[0]
+    heads_run.long_prompt_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_near_ties_keep_the_heads_in_step(target, fresh, plain):
-    """A wide tie margin makes most rounds stop at a near-tie (a deferred position): still the
-    plain output, still in step."""
-    ties = []
-
-    def on_step(e, step):
-        ties.append(step.round.ties)
-        check_in_step(target, fresh, e.tokens)
-
-    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True, tie_margin=3.0)
-    out, _ = run(target, s, target.tokenize(PROMPTS[0]), on_step=on_step)
-    assert out == plain[PROMPTS[0]] and sum(ties) >= 5
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.near_ties_in_step(target, s, target.tokenize(PROMPTS[0]), plain[PROMPTS[0]], lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_hybrid_chooses_among_ngram_and_the_heads(target, plain):
-    """The default mode with heads and no draft model: the n-gram lookup and the heads, chosen
-    by the controller; exact either way."""
-    s = Settings("hybrid", draft_max=K)
-    for prompt in PROMPTS:
-        out, stats = run(target, s, target.tokenize(prompt))
-        assert out == plain[prompt]
-        assert set(stats.by_source) <= {"mtp", "ngram", "none"}
+    heads_run.hybrid_weighs_the_heads(target, "mtp", K, plain)
 
 
 def test_hybrid_weighs_the_heads_and_a_draft_model_together(target, mtp, plain):
@@ -260,53 +228,15 @@ def test_hybrid_weighs_the_heads_and_a_draft_model_together(target, mtp, plain):
 
 
 def test_chat_turns_keep_the_heads_in_step(target, fresh):
-    """A second turn extends the sequence (the cache keeps the first), a third goes back into
-    the first prompt, before any checkpoint of the recurrent state (the target replays the
-    prefix from the start, in two decodes, and the heads keep what they hold of it): the heads
-    stay in step, and every turn matches plain decoding's."""
-    user = target.tokenize("\nWhat is the capital of France?\n", add_special=False)
-
-    def turns(settings: Settings, check: bool) -> list[list[int]]:
-        target.reset()
-        e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads)
-        out = []
-        first = target.tokenize(PROMPTS[0])
-        for prompt in (first, None, first[:-3] + user):
-            got = []
-            for step in e.generate(prompt or e.tokens + user, 24):
-                got += step.tokens
-                if check:
-                    check_in_step(target, fresh, e.tokens)
-            out.append(got)
-        return out
-
-    assert turns(Settings("mtp", draft_max=K, p_min=0.0, fixed=True), True) == turns(Settings("none"), False)
+    """The third turn goes back into the first prompt before any checkpoint of the recurrent
+    state: the target replays the prefix from the start, in two decodes, and the heads keep what
+    they hold of it."""
+    s = Settings("mtp", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.chat_turns_in_step(target, s, lambda seq: check_in_step(target, fresh, seq))
 
 
 def test_sampling_keeps_the_targets_distribution(target):
-    """At temperature 1.5, unfiltered, the first token drawn with MTP drafts (the head's guess
-    accepted with probability min(1, p/q), or a draw from the residual) follows the target's own
-    law: 600 seeded runs, binned into the target's 8 likeliest tokens and the rest, against what
-    600 draws from the exact law score (total variation distance)."""
-    prompt = target.tokenize(PROMPTS[0])
-    sampler = Sampler(1.5, top_k=0, top_p=1.0, min_p=0.0)
-    target.reset()
-    first = sampler.dist(target.eval(prompt, logits="last")[0].copy())
-    top = [int(x) for x in first.ids[np.argsort(-first.probs)[:8]]]
-    p = np.array([first.prob(x) for x in top] + [0.0])
-    p[-1] = 1.0 - p.sum()
-    n = 600
-    counts = np.zeros(len(p))
-    accepted = 0
-    s = Settings("mtp", draft_max=3, p_min=0.0, fixed=True)
-    for seed in range(n):
-        out, stats = run(target, s, prompt, n=2, sampler=dataclasses.replace(sampler, seed=seed))
-        counts[top.index(out[0]) if out[0] in top else -1] += 1
-        accepted += stats.n_accepted
-    assert accepted > n / 10  # the head's guesses were kept often enough to matter
-    tv = 0.5 * np.abs(counts / n - p).sum()
-    noise = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, p, size=500) / n - p).sum(axis=1)
-    assert tv <= np.quantile(noise, 0.995), (tv, np.quantile(noise, [0.5, 0.995]))
+    heads_run.sampling_follows_the_target(target, "mtp", kept=0.1)
 
 
 def test_tokens_by_source_reach_stats_and_metrics(target):
