@@ -396,7 +396,8 @@ class Engine:
                 left = min(room, remaining, stats.n_generated)
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
                 caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
-                pace = reply_pace(stats, remaining, k_room)
+                spent = stats.draft_s + stats.verify_s + stats.sample_s
+                pace = stats.n_generated / spent if spent > 0 else 0.0  # tokens a second so far
                 plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, pace)
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(
@@ -429,15 +430,6 @@ class Engine:
         finally:
             stats.wall_s = now() - t_start
             stats.finish_reason = reason or "interrupted"
-
-
-def reply_pace(stats: RunStats, remaining: int, room: int) -> float:
-    """What a second of this round is worth, in tokens: what a second has made in this reply so
-    far, while the reply goes on past this round (``remaining`` tokens of budget, a round of
-    ``room`` drafts at most). A round that can reach the end of the budget has no rest of the
-    reply to spend a saved second on: 0, and the round takes the most tokens a second."""
-    spent = stats.draft_s + stats.verify_s + stats.sample_s
-    return stats.n_generated / spent if spent > 0 and room + 1 < remaining else 0.0
 
 
 def _round_up(n: int, to: int = 512) -> int:

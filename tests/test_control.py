@@ -8,10 +8,9 @@ import pytest
 from specrun.control import Chooser
 from specrun.costs import CostModel
 from specrun.drafters import Proposal
-from specrun.engine import reply_pace
 from specrun.sources.base import STORED_WEIGHT, Outcome, Rate, RateTable
 from specrun.sources.ngram import COPY_BINS, NgramSource, copy_bin
-from specrun.stats import RoundStats, RunStats
+from specrun.stats import RoundStats
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -429,22 +428,3 @@ def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace()
         return 1 + acc.sum() - pace * (cost.verify_cost(plan.k + 1) + arm.cost(plan.k) if plan.k else cost.verify_cost(1))
 
     assert gained(fast, 3.3 / step) > gained(alone, 3.3 / step)
-
-
-def test_a_round_that_can_reach_the_end_of_the_budget_is_weighed_without_the_pace():
-    """Near the end of a reply's budget a sure copy of what is left, 12 tokens, runs below the
-    reply's pace: weighed against the pace, a plain step wins (it gets back to the copy sooner),
-    and the next round's shorter copy loses the same way, to the budget's end. But nothing comes
-    after the end to spend a saved second on: a round that can reach it is weighed on its rate
-    alone, and drafts the copy."""
-    copy = Arm("ngram", 1.0, 0.0)
-    copy.positions.bins = [Rate(999.0, 1000.0) for _ in copy.positions.bins]
-    chooser, rng = Chooser({"ngram": copy}, CostModel(dict(CPU_CURVE))), np.random.default_rng(0)
-    alone = chooser.choose({"ngram": 12}, 0, rng)
-    assert alone.k == 12
-    stats = RunStats()
-    stats.n_generated, stats.verify_s = 388, 388 / (1.2 * alone.rate)  # a reply running faster than the copy's rate
-    far, near = reply_pace(stats, 100, 32), reply_pace(stats, 13, 12)
-    assert far == pytest.approx(1.2 * alone.rate)
-    assert chooser.choose({"ngram": 12}, 0, rng, pace=far).k == 0  # (mid-reply, the pace rules)
-    assert near == 0.0 and chooser.choose({"ngram": 12}, 0, rng, pace=near) == alone
