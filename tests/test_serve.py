@@ -455,6 +455,17 @@ def test_sigterm_during_a_stream_ends_it_with_a_finish_reason_and_exits_143(tiny
     assert "stopped by SIGTERM" in s.stderr
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_right_after_listening_still_ends_in_order(tiny, tmp_path, sig, code):
+    """A signal as soon as "listening on" is printed (a service manager that stops what it just
+    started): the documented exit code and the closing line, as for any stop (the code before
+    died by the signal, its learned state unsaved)."""
+    s = Server(tiny_args(tiny), tmp_path)
+    rc = s.stop(sig)
+    assert rc == code, s.stderr
+    assert f"stopped by {sig.name}" in s.stderr and "Traceback" not in s.stderr
+
+
 def test_the_terminal_shows_each_request(server):
     server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
     deadline = time.monotonic() + 10

@@ -161,7 +161,7 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
     from ..server.app import Served, create_app
     from ..server.host import Host
     from ..server.metrics import Metrics
-    from ..server.run import address, serve
+    from ..server.run import address, serve, signals_held
 
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)
@@ -183,12 +183,13 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         drafts = f" + {pair.labels[1]}" if pair.labels[1] else ""
         per = f", {pair.parallel} in parallel" if pair.parallel > 1 else ""
         view.print(f"specrun serve: {pair.labels[0]}{drafts} (draft {settings.mode}), context {pair.target.n_ctx}{per}", style="dim")
-        view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
-        view.print(f"specrun: chat page at http://{url_host}:{port}/", style="dim")
-        warning = exposure_warning(where, key)
-        if warning:
-            view.print(f"specrun: {warning}", style="bold yellow")
-        signum = serve(create_app(host, served, metrics), sock, host.stop)
+        with signals_held() as held:  # a stop right after "listening" still ends in order
+            view.print(f"specrun: listening on http://{url_host}:{port}/v1 ({'API key required' if key else 'no API key'}; Ctrl-C stops)")
+            view.print(f"specrun: chat page at http://{url_host}:{port}/", style="dim")
+            warning = exposure_warning(where, key)
+            if warning:
+                view.print(f"specrun: {warning}", style="bold yellow")
+            signum = serve(create_app(host, served, metrics), sock, host.stop, held=held)
         released = host.join(timeout=60)
     store.save(pair.cost_key, host.engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
     err.print("specrun: stopped" + (f" by {signal.Signals(signum).name}" if signum else ""), style="dim")

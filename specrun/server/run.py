@@ -53,9 +53,10 @@ def is_loopback(sock: socket.socket) -> bool:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]):
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None], held: list[int]):
         super().__init__(config)
         self.on_stop = on_stop
+        self.held = held  # signals that came before this server caught them itself
         self.signum: int | None = None
         self.stopped = False
 
@@ -78,16 +79,32 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self.held and self.signum is None:
+            self.handle_exit(self.held[0], None)
         if self.should_exit and not self.stopped:  # on the event loop, not inside the signal handler
             self.stopped = True
             self.on_stop()
         return await super().on_tick(counter)
 
 
-def serve(app, sock: socket.socket, on_stop: Callable[[], None], grace_s: float = 30.0) -> int | None:
-    """Serve ``app`` on ``sock`` until a signal; returns its number (None if none came)."""
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """Until ``serve`` takes over, SIGINT and SIGTERM are kept (in the list yielded), not acted
+    on: a stop that comes right after "listening" is printed still ends the server in order."""
+    held: list[int] = []
+    old = {s: signal.signal(s, lambda sig, frame: held.append(sig)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield held
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def serve(app, sock: socket.socket, on_stop: Callable[[], None], grace_s: float = 30.0, held: list[int] | None = None) -> int | None:
+    """Serve ``app`` on ``sock`` until a signal; returns its number (None if none came).
+    ``held``: signals that came before (``signals_held``): the first stops the server at once."""
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=int(grace_s), http="h11")
-    server = _Server(config, on_stop)
+    server = _Server(config, on_stop, held if held is not None else [])
     server.run(sockets=[sock])
     if not server.stopped:
         on_stop()
