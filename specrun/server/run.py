@@ -15,6 +15,7 @@ import ipaddress
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -52,6 +53,17 @@ def is_loopback(sock: socket.socket) -> bool:
     return ipaddress.ip_address(address(sock)[0]).is_loopback
 
 
+@contextlib.contextmanager
+def _stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` within the block, to what they went to before after it."""
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None], held: list[int]):
         super().__init__(config)
@@ -64,12 +76,8 @@ class _Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         # uvicorn's own version re-raises the signal after shutdown, which would kill the
         # process by signal instead of letting the command exit with its documented code
-        old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with _stop_signals(self.handle_exit):
             yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
 
     def handle_exit(self, sig, frame) -> None:
         if self.signum is not None:
@@ -92,12 +100,8 @@ def signals_held() -> Iterator[list[int]]:
     """Until ``serve`` takes over, SIGINT and SIGTERM are kept (in the list yielded), not acted
     on: a stop that comes right after "listening" is printed still ends the server in order."""
     held: list[int] = []
-    old = {s: signal.signal(s, lambda sig, frame: held.append(sig)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _stop_signals(lambda sig, frame: held.append(sig)):
         yield held
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def serve(app, sock: socket.socket, on_stop: Callable[[], None], grace_s: float = 30.0, held: list[int] | None = None) -> int | None:
