@@ -10,7 +10,7 @@ from specrun.costs import CostModel
 from specrun.drafters import Proposal
 from specrun.sources.base import STORED_WEIGHT, Outcome, Rate, RateTable
 from specrun.sources.ngram import COPY_BINS, NgramSource, copy_bin
-from specrun.stats import RoundStats
+from specrun.stats import RoundStats, RunStats
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -179,8 +179,6 @@ def test_near_ties_discount_drafts():
 
 def test_the_explanation_reads_the_numbers_the_choice_used():
     _, chooser = simulate(CPU_CURVE, [Arm("model", 0.3, 0.5 / 30)], rounds=200)
-    from specrun.stats import RunStats
-
     stats = RunStats(draft_lengths=[0] * 32)
     assert chooser.choose({"model": 16}, 10_000, np.random.default_rng(1)).k == 0
     why = chooser.idle_reason(stats)
@@ -200,8 +198,6 @@ def test_an_idle_stretch_below_the_replys_pace_says_so():
     (it reads the numbers the choice used); where the pace was below the best rate, it does not."""
     step = F16_CURVE[1]
     chooser, _, _ = memory_bound_model()
-    from specrun.stats import RunStats
-
     stats = RunStats(draft_lengths=[0] * 32)
     rng = np.random.default_rng(0)
     alone = chooser.choose({"model": 32}, 0, rng)
