@@ -12,6 +12,9 @@ adds ``specrun generate --draft model`` (as ``specrun:model``), and ``MODE@N`` a
 ``--draft-max N`` to it. ``--base DIR`` adds ``specrun:base``, the default run from another
 checkout of specrun (``git worktree add DIR COMMIT``) with a copy of the stored costs as they were
 at the start, so a change is measured against the code before it, alternated, in the same run.
+Each checkout learns into its own store from run to run, so over a few runs the two can drift
+apart on what they learned alone; ``--same-start`` starts every specrun run from the store as it
+was at the start instead (as one process of a user's would, every time).
 Run it through
 `scripts/compare-llama-cpp.sh --ngram` or `--draft-model`, which build llama.cpp's tools from the
 installed llama-cpp-python's sdist first. Each (run, prompt) runs every mode once, in a rotating
@@ -120,6 +123,12 @@ def main() -> int:
         help="more specrun --draft modes to run beside the default, e.g. model; MODE@N adds --draft-max N (hybrid@63)",
     )
     ap.add_argument("--base", type=Path, help="another checkout of specrun, run at its default as specrun:base")
+    ap.add_argument(
+        "--same-start",
+        action="store_true",
+        help="every specrun run starts from the stored costs as they were at the start (nothing one run learns reaches "
+        "the next, in either checkout): a change measured on its choices alone, the user's store untouched",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of each class")
@@ -156,14 +165,27 @@ def main() -> int:
         table(samples, classes, prompts, modes)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        base_env = None
-        if args.base:  # the other checkout first on the path, with its own copy of the stored costs
-            store = cost_store().path
-            (Path(tmp) / "base").mkdir()
-            if store is not None and store.exists():
-                shutil.copy(store, Path(tmp) / "base" / store.name)
-            path = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
-            base_env = {**os.environ, "PYTHONPATH": path, "SPECRUN_CACHE_DIR": str(Path(tmp) / "base")}
+        snapshot = Path(tmp) / "snapshot"  # the stored costs as they were at the start
+        snapshot.mkdir()
+        store = cost_store().path
+        if store is not None and store.exists():
+            shutil.copy(store, snapshot / store.name)
+
+        def env(mode: str) -> dict[str, str] | None:
+            """A specrun run's environment: None (the user's own store) but for the base checkout,
+            which runs first on the path with its own copy of the store, and with --same-start,
+            where every run gets a fresh copy of the snapshot."""
+            if mode != "specrun:base" and not args.same_start:
+                return None
+            home = Path(tmp) / mode.replace(":", "-")
+            if args.same_start or not home.exists():
+                shutil.rmtree(home, ignore_errors=True)
+                shutil.copytree(snapshot, home)
+            e = {**os.environ, "SPECRUN_CACHE_DIR": str(home)}
+            if mode == "specrun:base":
+                e["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
+            return e
+
         files = []
         for i, p in enumerate(prompts):
             f = Path(tmp) / f"prompt{i}.txt"
@@ -178,13 +200,11 @@ def main() -> int:
                 for mode in order:
                     n = p.n_predict or 128
                     if mode == "plain":
-                        r = run_specrun(args, f, n, "none")
-                    elif mode == "specrun":
-                        r = run_specrun(args, f, n, None)
-                    elif mode == "specrun:base":
-                        r = run_specrun(args, f, n, None, base_env)
+                        r = run_specrun(args, f, n, "none", env(mode))
+                    elif mode in ("specrun", "specrun:base"):
+                        r = run_specrun(args, f, n, None, env(mode))
                     elif mode.startswith("specrun:"):
-                        r = run_specrun(args, f, n, mode.split(":", 1)[1])
+                        r = run_specrun(args, f, n, mode.split(":", 1)[1], env(mode))
                     else:
                         r = run_llama(args, f, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
