@@ -18,7 +18,10 @@ the reply has been doing. A second of such a round is worth what a second has be
 this reply (its pace), so when the pace beats every option's rate, the round takes the most
 tokens *beyond* that, ``E[tokens | K] - pace T(K)`` (average reward): a short draft, or a plain
 step, that gets back to the copy soon, rather than a long one that pays less a second than the
-copy will. Where the pace is below the best rate, both goals pick the same K.
+copy will. Where the pace is below the best rate, both goals pick the same K. What is left of a
+budget cannot run faster than one round of it could (max b / c(b), b up to what is left), so near
+the end the pace is no more than that: a budget's last tokens of a sure copy are one copy, not
+plain steps that each leave a shorter, slower copy behind.
 
 Everything it does not know yet (an idle source, a batch size never verified in this process)
 is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
@@ -119,14 +122,16 @@ class Chooser:
         k = int(np.argmax(gains)) + 1 if len(gains) else 0
         return (k, float(gains[k - 1])) if k else (0, -np.inf)
 
-    def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float = 0.0) -> Plan:
+    def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float = 0.0, budget: int | None = None) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``left`` how many
         tokens the reply is expected to have left to use what this round teaches, ``pace`` the
-        tokens a second the reply has made so far."""
+        tokens a second the reply has made so far, ``budget`` the most it may still make."""
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if self.fixed:
             s = next(iter(caps), None)
             return Plan(s, caps[s]) if s is not None else Plan("none", 0)
+        if budget is not None:  # the rest of a budget makes no more a second than one round of it could
+            pace = min(pace, self.best_round_rate(budget))
         scale = min(1.0, left / INFO_HORIZON)
         n = max(caps.values(), default=0) + 1
         c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
@@ -152,6 +157,12 @@ class Chooser:
                 if k and gain > most:
                     plan, most = Plan(name, k, pace, tuple(drawn), tuple(c)), gain
         return plan
+
+    def best_round_rate(self, n: int) -> float:
+        """The most tokens a second a round of at most ``n`` tokens could make, every draft
+        accepted: max b / c(b) over b <= n (and the draft cap)."""
+        c = self.cost.table(max(1, min(n, self.draft_max + 1)))
+        return float(np.max(np.arange(1, len(c) + 1) / c))
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,

@@ -398,7 +398,7 @@ class Engine:
                 caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
                 spent = stats.draft_s + stats.verify_s + stats.sample_s
                 pace = stats.n_generated / spent if spent > 0 else 0.0  # tokens a second so far
-                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, pace)
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, pace, remaining)
                 drafter = self.sources.get(plan.source)
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,

@@ -424,3 +424,29 @@ def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace()
         return 1 + acc.sum() - pace * (cost.verify_cost(plan.k + 1) + arm.cost(plan.k) if plan.k else cost.verify_cost(1))
 
     assert gained(fast, 3.3 / step) > gained(alone, 3.3 / step)
+
+
+def test_the_last_tokens_of_a_budget_are_priced_at_what_a_round_of_them_can_make():
+    """Mid-reply, a round below the reply's pace takes what gains most beyond it: with a sure copy
+    of 12 tokens running slower than the reply has (its pace 1.2x the copy's rate), a plain step,
+    which gets back to a longer copy sooner. The last 13 tokens of a budget cannot run at that
+    pace, though: no round of 13 tokens or fewer makes as much a second. Priced at what one could,
+    the budget ends in one copy, not in plain steps that each leave a shorter, slower copy behind
+    (13 plain steps ended a 400-token pure copy, measured)."""
+    copy = Arm("ngram", 1.0, 0.0)
+    copy.positions.bins = [Rate(999.0, 1000.0) for _ in copy.positions.bins]
+    cost = CostModel(dict(CPU_CURVE))
+    chooser, rng = Chooser({"ngram": copy}, cost), np.random.default_rng(0)
+    pace = 1.2 * chooser.choose({"ngram": 12}, 0, rng).rate
+    assert chooser.choose({"ngram": 12}, 0, rng, pace, budget=100).k == 0  # mid-reply, the pace rules
+
+    def finish(budget_known: bool) -> tuple[float, int]:  # the time the budget's last 13 tokens take, in rounds
+        left, spent, rounds = 13, 0.0, 0
+        while left:
+            plan = chooser.choose({"ngram": left - 1}, 0, rng, pace, left if budget_known else None)
+            spent, rounds, left = spent + cost.verify_cost(plan.k + 1), rounds + 1, left - plan.k - 1
+        return spent, rounds
+
+    (known, rounds), (unknown, plain_steps) = finish(True), finish(False)
+    assert rounds == 1 and plain_steps == 13
+    assert known < 0.6 * unknown
