@@ -35,10 +35,11 @@ if TYPE_CHECKING:  # the engine never imports llama_cpp itself
     from .backend import Eagle3Head, Model, MtpHeads
 
 DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
-# adaptive: the chooser picks K up to it (trades: on the demo pair a pure copy ran 1.09x faster
-# with copies allowed 63, against the memory-bound pair's summary and code edit, which ran 0.86x
-# and 0.94x; at most 63, the rows of logits one verify returns less one)
-DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 32, 8
+# adaptive: the chooser picks K up to it, here as far as one verify returns rows of logits for
+# (n_outputs_max, less one). Trades: a long pure copy ran 1.09-1.13x faster than at 32 on the demo
+# pair, where a 64-token verify costs 1.5 times a 33-token one; each long copy that breaks costs
+# more (a snapshot target stays at its ROLLBACK_DEPTH)
+DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
 # llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most

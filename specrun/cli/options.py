@@ -158,7 +158,7 @@ DRAFTING = (
         Settings,
         "draft_max",
         ("--draft-max",),
-        "Most draft tokens per round (default: 32 adaptive, where the chooser picks K up to it; 8 with --fixed; at most 63, the rows of logits a verify returns less one; a long pure copy runs faster at 63).",
+        "Most draft tokens per round (default: 63 adaptive, where the chooser picks K up to it: the rows of logits a verify returns, less one; 32 on a hybrid target that undoes drafts through state snapshots; 8 with --fixed).",
         Optional[int],
     ),
     _flag(Settings, "draft_min", ("--draft-min",), "Drafts shorter than this are dropped (the round decodes plainly).", int),
