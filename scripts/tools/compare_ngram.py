@@ -11,7 +11,8 @@ A type ``T@N`` is llama.cpp's type T with ``--spec-draft-n-max N``; ``--specrun-
 adds ``specrun generate --draft model`` (as ``specrun:model``), and ``MODE@N`` adds
 ``--draft-max N`` to it. ``--base DIR`` adds ``specrun:base``, the default run from another
 checkout of specrun (``git worktree add DIR COMMIT``) with a copy of the stored costs as they were
-at the start, so a change is measured against the code before it, alternated, in the same run.
+at the start, so a change is measured against the code before it, alternated, in the same run
+(``--base-modes model`` adds ``specrun:base:model``, its ``--draft model``, and so on).
 Each checkout learns into its own store from run to run, so over a few runs the two can drift
 apart on what they learned alone; ``--same-start`` starts every specrun run from the store as it
 was at the start instead (as one process of a user's would, every time).
@@ -123,6 +124,7 @@ def main() -> int:
         help="more specrun --draft modes to run beside the default, e.g. model; MODE@N adds --draft-max N (hybrid@63)",
     )
     ap.add_argument("--base", type=Path, help="another checkout of specrun, run at its default as specrun:base")
+    ap.add_argument("--base-modes", default="", help="more --draft modes to run from --base, as specrun:base:MODE (as --specrun-modes)")
     ap.add_argument(
         "--same-start",
         action="store_true",
@@ -142,7 +144,7 @@ def main() -> int:
     if args.limit:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
     modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + args.types.split(",")
-    modes += ["specrun:base"] if args.base else []
+    modes += ["specrun:base"] + [f"specrun:base:{m}" for m in args.base_modes.split(",") if m] if args.base else []
     samples: list[dict] = []
     if args.from_log:
         for log in args.from_log:
@@ -175,14 +177,14 @@ def main() -> int:
             """A specrun run's environment: None (the user's own store) but for the base checkout,
             which runs first on the path with its own copy of the store, and with --same-start,
             where every run gets a fresh copy of the snapshot."""
-            if mode != "specrun:base" and not args.same_start:
+            if not mode.startswith("specrun:base") and not args.same_start:
                 return None
             home = Path(tmp) / mode.replace(":", "-")
             if args.same_start or not home.exists():
                 shutil.rmtree(home, ignore_errors=True)
                 shutil.copytree(snapshot, home)
             e = {**os.environ, "SPECRUN_CACHE_DIR": str(home)}
-            if mode == "specrun:base":
+            if mode.startswith("specrun:base"):
                 e["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
             return e
 
@@ -204,7 +206,7 @@ def main() -> int:
                     elif mode in ("specrun", "specrun:base"):
                         r = run_specrun(args, f, n, None, env(mode))
                     elif mode.startswith("specrun:"):
-                        r = run_specrun(args, f, n, mode.split(":", 1)[1], env(mode))
+                        r = run_specrun(args, f, n, mode.removeprefix("specrun:").removeprefix("base:"), env(mode))
                     else:
                         r = run_llama(args, f, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
