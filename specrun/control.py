@@ -130,6 +130,8 @@ class Chooser:
         if self.fixed:
             s = next(iter(caps), None)
             return Plan(s, caps[s]) if s is not None else Plan("none", 0)
+        if not caps:  # no source can offer a token (a budget's or the context's last one): a plain
+            return Plan("none", 0)  # step, and the last explanation stands (it was not this round's doing)
         if budget is not None:  # the rest of a budget makes no more a second than one round of it could
             pace = min(pace, self.best_round_rate(budget))
         scale = min(1.0, left / INFO_HORIZON)

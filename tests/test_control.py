@@ -193,6 +193,17 @@ def test_the_explanation_reads_the_numbers_the_choice_used():
     assert o.speedup == pytest.approx(tokens / (c(o.k + 1) + o.k * 0.5 / 30) * c(1), rel=1e-6)
 
 
+def test_the_last_token_of_a_budget_leaves_the_explanation_as_it_was():
+    """At a budget's last token no source can offer anything; the reply's explanation of its idle
+    stretch still gives the numbers that kept it plain, not "nothing on offer"."""
+    _, chooser = simulate(CPU_CURVE, [Arm("model", 0.3, 0.5 / 30)], rounds=200)
+    stats = RunStats(draft_lengths=[0] * 32)
+    assert chooser.choose({"model": 16}, 10_000, np.random.default_rng(1)).k == 0
+    before = chooser.idle_reason(stats)
+    assert chooser.choose({"model": 0}, 0, np.random.default_rng(1)).k == 0
+    assert chooser.idle_reason(stats) == before and "nothing on offer" not in before
+
+
 def test_an_idle_stretch_below_the_replys_pace_says_so():
     """Where the reply's pace, not the options' rates, kept a round plain, the explanation says so
     (it reads the numbers the choice used); where the pace was below the best rate, it does not."""
