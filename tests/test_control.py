@@ -320,7 +320,7 @@ def test_stored_rates_are_a_prior_worth_a_few_observations():
     back = RateTable(len(COPY_BINS))
     back.load(t.to_json())
     assert back.bins[copy_bin(32)].n == pytest.approx(STORED_WEIGHT)
-    assert back.means()[copy_bin(32)] > RateTable(len(COPY_BINS)).means()[copy_bin(32)] + 0.2  # it still leans that way
+    assert back.means()[copy_bin(32)] > 0.85
     for bad in (None, {}, {"hits": [1.0], "n": [1.0, 2.0]}, {"hits": [5.0] * 12, "n": [1.0] * 12}, {"hits": "x", "n": 3}):
         fresh = RateTable(len(COPY_BINS))
         fresh.load(bad)
