@@ -89,7 +89,7 @@ class Chooser:
     draft_max: int = 32
     fixed: bool = False
     ties: Rate = field(default_factory=Rate)  # near-ties per row checked
-    options: dict[str, Option] = field(default_factory=dict)  # the last round's best per source, at the means
+    options: dict[str, Option] = field(default_factory=dict)  # the best per source, at the means, of the last round with anything on offer
     pace: float = 0.0  # the reply's pace the last round was weighed against, where it beat every option (else 0)
 
     @property
@@ -127,11 +127,11 @@ class Chooser:
         tokens the reply is expected to have left to use what this round teaches, ``pace`` the
         tokens a second the reply has made so far, ``budget`` the most it may still make."""
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
-        if self.fixed:
-            s = next(iter(caps), None)
-            return Plan(s, caps[s]) if s is not None else Plan("none", 0)
         if not caps:  # no source can offer a token (a budget's or the context's last one): a plain
             return Plan("none", 0)  # step, and the last explanation stands (it was not this round's doing)
+        if self.fixed:
+            s = next(iter(caps))
+            return Plan(s, caps[s])
         if budget is not None:  # the rest of a budget makes no more a second than one round of it could
             pace = min(pace, self.best_round_rate(budget))
         scale = min(1.0, left / INFO_HORIZON)
