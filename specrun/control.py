@@ -14,8 +14,11 @@ measured curve (``costs.py``); each source states its own ``a_j`` and ``D`` (``s
 
 That ratio is the right goal when every round faces the same options. A reply's rounds do not:
 an edit's copy breaks where the edit is, and a round with no copy on offer can do far less than
-the reply has been doing. A second of such a round is worth what a second has been making in
-this reply (its pace), so when the pace beats every option's rate, the round takes the most
+the reply has been doing. A second of such a round is worth what a second of this reply's rounds
+has been expected to make (its pace: each round's expected rate at the posterior means, averaged
+over their time, so that like is weighed with like, and a draft that ran further than its
+numbers said does not set a pace that rules its own source out), so when the pace beats
+every option's rate, the round takes the most
 tokens *beyond* that, ``E[tokens | K] - pace T(K)`` (average reward): a short draft, or a plain
 step, that gets back to the copy soon, rather than a long one that pays less a second than the
 copy will. Where the pace is below the best rate, both goals pick the same K. What is left of a
@@ -43,6 +46,7 @@ the reply's pace where that is what kept a round plain.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,10 +68,11 @@ INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are l
 class Plan:
     source: str  # a source's name, or "none"
     k: int
-    rate: float = 0.0  # expected tokens per second of this plan (a source's stop rule uses it)
-    rates: tuple[float, ...] = ()  # the acceptance by position it was chosen on (a draw): the stop
-    # rule goes on with the same hopes, so that what the draw tries is tried in full
-    verify: tuple[float, ...] = ()  # ... and the verify curve c(1..) it was chosen on (a draw too)
+    rate: float = 0.0  # what a second of this round is worth, which a source's stop rule weighs each
+    # draft against: its expected tokens per second, or the reply's pace where that is higher
+    expected: float = 0.0  # its own expected tokens per second, at the posterior means
+    most: int = 0  # what the source offered: one that decides how far as it drafts may go past k, up to there
+    verify: tuple[float, ...] = ()  # the verify curve c(1..) it was chosen on (a draw)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class Chooser:
     ties: Rate = field(default_factory=Rate)  # near-ties per row checked
     options: dict[str, Option] = field(default_factory=dict)  # the best per source, at the means, of the last round with anything on offer
     pace: float = 0.0  # the reply's pace the last round was weighed against, where it beat every option (else 0)
+    spent: float = 0.0  # seconds this reply's rounds took ...
+    stated: float = 0.0  # ... and the tokens they were expected to make in them
 
     @property
     def tie_rate(self) -> float:
@@ -122,10 +129,28 @@ class Chooser:
         k = int(np.argmax(gains)) + 1 if len(gains) else 0
         return (k, float(gains[k - 1])) if k else (0, -np.inf)
 
-    def choose(self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float = 0.0, budget: int | None = None) -> Plan:
+    def begin_reply(self) -> None:
+        self.spent = self.stated = 0.0
+
+    def observe_round(self, plan: Plan, seconds: float) -> None:
+        """A round of ``plan`` took ``seconds`` (drafting, verifying, sampling): the reply's pace
+        counts it at the rate it was expected to make, whatever it made."""
+        self.spent += seconds
+        self.stated += (plan.expected or 1.0 / self.cost.verify_cost(1)) * seconds
+
+    @property
+    def reply_pace(self) -> float:
+        """What this reply's rounds were expected to make a second (0 before its first)."""
+        return self.stated / self.spent if self.spent > 0 else 0.0
+
+    def choose(
+        self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float | None = None, budget: int | None = None
+    ) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``left`` how many
         tokens the reply is expected to have left to use what this round teaches, ``pace`` the
-        tokens a second the reply has made so far, ``budget`` the most it may still make."""
+        tokens a second a round is worth (default: the reply's pace), ``budget`` the most it may
+        still make."""
+        pace = self.reply_pace if pace is None else pace
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if not caps:  # no source can offer a token (a budget's or the context's last one): a plain
             return Plan("none", 0)  # step, and the last explanation stands (it was not this round's doing)
@@ -143,22 +168,38 @@ class Chooser:
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            drawn = np.array(src.acceptance(cap, rng, scale))
-            offers[name] = (drawn, draft)
+            drawn, means = np.array(src.acceptance(cap, rng, scale)), np.array(src.acceptance(cap, None, 0.0))
+            offers[name] = (drawn, draft, means)
             k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:
-                plan = Plan(name, k, rate, tuple(drawn), tuple(c))
-            means = np.array(src.acceptance(cap, None, 0.0))
+                plan = Plan(name, k, rate, most=cap, verify=tuple(c))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
         self.pace = pace if pace > plan.rate else 0.0
-        if self.pace:  # the reply has made tokens faster than anything on offer now
+        if self.pace:  # the reply's rounds have made tokens faster than anything on offer now
             plan, most = Plan("none", 0, pace), 1.0 - pace * c[0]
-            for name, (drawn, draft) in offers.items():
+            for name, (drawn, draft, _) in offers.items():
                 k, gain = self.surplus(drawn, draft, c, r, pace)
                 if k and gain > most:
-                    plan, most = Plan(name, k, pace, tuple(drawn), tuple(c)), gain
-        return plan
+                    plan, most = Plan(name, k, pace, most=caps[name], verify=tuple(c)), gain
+        # what the round is expected to make a second, at the means (a draw that won the choice is
+        # likelier high than low): the reply's pace is built of these
+        expected = 1.0 / mean_c[0]
+        if plan.k:
+            _, draft, means = offers[plan.source]
+            total, time = self._tokens_and_time(means[: plan.k], draft[: plan.k], mean_c, r)
+            expected = float(total[-1] / time[-1])
+        return dataclasses.replace(plan, expected=expected)
+
+    def rival(self, seq: list[int], sources: list[Source]) -> float:
+        """The most tokens a second any of ``sources`` could make, at the means, of a round after
+        ``seq`` (which may end in drafts not yet verified); 0 where none can say."""
+        most = 0.0
+        for src in sources:
+            acc = np.array(src.peek(seq, self.draft_max))
+            if len(acc):
+                most = max(most, self.best(acc, _draft_costs(src, len(acc)), self.cost.table(len(acc) + 1), self.cost.rollback_s, True)[1])
+        return most
 
     def best_round_rate(self, n: int) -> float:
         """The most tokens a second a round of at most ``n`` tokens could make, every draft
@@ -196,7 +237,8 @@ class Chooser:
                 )
         if self.pace:
             why.append(
-                f"the reply has run {self.pace * self.cost.verify_cost(1):.2f}x plain so far, faster than any of these, so each round takes what gains most beyond that pace"
+                f"this reply's rounds were expected to run {self.pace * self.cost.verify_cost(1):.2f}x plain so far (its pace), faster than any of these, "
+                "so each round takes what gains most beyond that pace"
             )
         return "; ".join(why)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -125,12 +125,14 @@ def speculative_round(
     draft_min: int = 1,
     tie_margin: float = 0.0,
     others: list[Source] | None = None,
+    rival: Callable[[list[int]], float] | None = None,
 ) -> Round:
     """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
     ``tokens`` is the sequence; the target's cache holds all of it but the last token.
     ``others`` are the sources whose caches must follow the target's back (the drafter among
-    them).
+    them); ``rival(sequence)``: the most tokens a second the other sources could make of a
+    round after it (a drafter that decides how far as it goes stops where that is more).
 
     At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
     undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
@@ -139,8 +141,10 @@ def speculative_round(
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
-    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.rates, plan.verify) if drafter is not None and plan.k > 0 else Proposal()
-    draft = proposal.cut(plan.k)
+    proposal = (
+        drafter.propose(tokens, plan.k, plan.rate, plan.most, plan.verify, rival) if drafter is not None and plan.k > 0 else Proposal()
+    )
+    draft = proposal.cut(max(plan.k, plan.most))  # a stop rule may draft on past K, up to the offer
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
     k = len(draft)
@@ -376,6 +380,7 @@ class Engine:
         t_start = now()
         reason = None
         force_plain = False
+        self.chooser.begin_reply()
         try:
             while reason is None:
                 if stop is not None and stop.is_set():
@@ -397,13 +402,12 @@ class Engine:
                 left = min(room, remaining, stats.n_generated)
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
                 caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
-                spent = stats.draft_s + stats.verify_s + stats.sample_s
-                pace = stats.n_generated / spent if spent > 0 else 0.0  # tokens a second so far
-                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, pace, remaining)
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, budget=remaining)
                 drafter = self.sources.get(plan.source)
+                rivals = [s for s in sources if s is not drafter]
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, self.tie_margin, sources,
+                    self.settings.draft_min, self.tie_margin, sources, functools.partial(self.chooser.rival, sources=rivals),
                 )  # fmt: skip
                 settling, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)
@@ -424,6 +428,7 @@ class Engine:
                 if reason == "stop":  # drop any accepted tokens past the end of generation
                     rollback(self.target, sources, min(self.target.n_past, len(tokens) - 1))
                 rnd = dataclasses.replace(r.stats, emitted=len(emitted))
+                self.chooser.observe_round(plan, rnd.draft_s + rnd.verify_s + rnd.sample_s)
                 stats.add(rnd)
                 stats.wall_s = now() - t_start
                 stats.idle_reason = self.chooser.idle_reason(stats)

@@ -39,8 +39,11 @@ class Arm:
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth, rates=(), verify=()):
+    def propose(self, tokens, k, worth, most=0, verify=(), rival=None):
         return Proposal([1] * k)
+
+    def peek(self, seq, room):
+        return []
 
     def observe(self, o: Outcome):
         self.positions.decay()
@@ -266,6 +269,26 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     assert s.acceptance(1, None, 0.0)[0] < before[0]
 
 
+def test_a_draft_under_way_is_weighed_against_the_copy_it_would_let_the_next_round_take():
+    """Asked mid-draft, with the drafts at the end of the sequence, the n-gram source states the
+    copy it would offer there exactly as it would once the drafts are verified, and the chooser
+    prices it as it prices a round: nothing where the drafts are new text; where they reproduce
+    the context, a copy that makes more than plain decoding."""
+    s = NgramSource()
+    seq = list(range(1, 41))  # 40 tokens, none repeated: nothing to copy at the end
+    s.prepare(seq, 16, 100)
+    chooser = Chooser({"ngram": s}, CostModel(dict(GPU_CURVE)), draft_max=16)
+    assert s.peek(seq + [99, 98], 16) == [] and chooser.rival(seq + [99, 98], [s]) == 0.0
+    drafts = seq[:8]  # drafts that write the start of the context again
+    asked = s.peek(seq + drafts, 16)
+    verified = NgramSource()
+    verified.copy, verified.line = s.copy, s.line
+    cap = verified.prepare(seq + drafts, 16, 100)
+    assert len(asked) == cap > 0 and asked == verified.acceptance(cap, None, 0.0)
+    assert chooser.rival(seq + drafts, [s]) > 1.0 / GPU_CURVE[1]
+    assert s.peek(seq, 16) == []  # asking changed nothing: the sequence as it was still has no copy
+
+
 def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
     """Every round scores the copy on offer, drafted or not, so drafting one on a hopeful draw
     would buy a long verify for a lesson already free: however unsure the copy rates, and
@@ -437,6 +460,34 @@ def test_how_far_a_draw_doubts_a_stored_size_is_what_this_machines_rounds_measur
     quiet, noisy = shorter_choices(0.02), shorter_choices(0.3)
     assert quiet < 0.05
     assert noisy > 0.15
+
+
+def test_the_replys_pace_is_what_its_rounds_were_expected_to_make_not_what_they_made():
+    """A source whose drafts are all accepted, where its stored numbers say a third: each round
+    makes more than it was expected to. The reply's pace counts each round at its expected rate,
+    so the source keeps drafting while its posteriors catch up; weighed against what its rounds
+    made, a pace no plan on its numbers reaches, it steps plainly now and then."""
+
+    def plain_rounds(made: bool) -> int:
+        arm = Arm("model", 1.0, 0.2 * GPU_CURVE[1])  # a draft token costs 0.2 of a step
+        arm.positions.load({"hits": [3.0] * 16, "n": [9.0] * 16})
+        cost = CostModel(dict(GPU_CURVE))
+        chooser = Chooser({"model": arm}, cost, draft_max=16)
+        rng = np.random.default_rng(0)
+        tokens = seconds = 0.0
+        chooser.begin_reply()
+        ks = []
+        for _ in range(40):
+            plan = chooser.choose({"model": 16}, 1000, rng, tokens / seconds if made and seconds else None)
+            t = cost.verify_cost(plan.k + 1) + arm.cost(plan.k)
+            chooser.observe_round(plan, t)
+            rs = RoundStats(plan.source, plan.k, plan.k, plan.k + 1, arm.cost(plan.k), 0.0, 0.0)
+            arm.observe(Outcome(plan.source, Proposal([1] * plan.k), plan.k, [1] * (plan.k + 1), False, rs))
+            tokens, seconds = tokens + plan.k + 1, seconds + t
+            ks.append(plan.k)
+        return ks.count(0)
+
+    assert plain_rounds(made=False) == 0 and plain_rounds(made=True) > 0
 
 
 def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace():

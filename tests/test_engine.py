@@ -248,7 +248,7 @@ def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_
     worth = 1.5 / FLAT[1]  # the round's planned rate: 1.5x plain
     assert len(flat.propose(prompt, 16, worth).tokens) >= 8
     steep = source({b: 0.001 * b for b in FLAT})  # verifying b tokens costs b steps
-    steep.positions, steep.by_conf = flat.positions, flat.by_conf
+    steep.positions, steep.by_conf, steep.after = flat.positions, flat.by_conf, flat.after
     assert len(steep.propose(prompt, 16, 1.0 / 0.001).tokens) == 1
     # rejected at once, round after round: the first position's rate falls
     for _ in range(40):
@@ -257,10 +257,9 @@ def test_the_draft_models_stop_rule_drafts_long_on_a_flat_verify_and_short_on_a_
     assert flat.positions.means()[0] < 0.5
 
 
-def test_the_stop_rule_drafts_on_with_the_hopes_the_round_was_planned_on(loaded):
-    """The chooser plans a round on a draw from the position posteriors; the stop rule goes on
-    with that draw, not with the means it may have beaten: a hopeful draw about positions
-    never yet accepted gets a long draft, so that the hope is put to the test."""
+def taught(loaded, kept):
+    """A draft model source (a draft step 0.3 of a target step, on a flat verify) whose 16-token
+    drafts on PROMPTS[0] had their first ``kept(n)`` accepted, 40 rounds; and that prompt."""
     from specrun.sources import ModelSource
     from specrun.sources.base import Outcome
     from specrun.stats import RoundStats
@@ -268,16 +267,40 @@ def test_the_stop_rule_drafts_on_with_the_hopes_the_round_was_planned_on(loaded)
     target, draft = loaded["target"], loaded["draft-copy"]
     prompt = target.tokenize(PROMPTS[0])
     src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), 16)
-    src.per_token = 0.3 * FLAT[1]  # a draft step costs 0.3 of a target step, on a flat verify
-    for _ in range(40):  # every draft it made was accepted, but only ever one a round
-        p = src.propose(prompt, 1, 0.0)
-        src.observe(Outcome("model", p, 1, p.tokens, False, RoundStats("model", 1, 1, 0, 0.0, 0.0, 0.0)))
-    src.positions.bins[1].n = 3.0  # and the one time it drafted two, the second was rejected
-    assert src.positions.means()[1] < 0.5
+    src.per_token = 0.3 * FLAT[1]
+    for _ in range(40):
+        p = src.propose(prompt, 16, 0.0)
+        n = kept(len(p.tokens))
+        src.observe(Outcome("model", p, n, p.tokens[:n] + [0], False, RoundStats("model", len(p.tokens), n, 1, 0.0, 0.0, 0.0)))
+    return src, prompt
+
+
+def test_the_stop_rule_drafts_as_far_as_the_drafts_confidence_has_foretold(loaded):
+    """How far a round drafts is decided as the drafts come, up to what the source offered, not
+    at the chooser's K: where a draft as confident as the last has been followed by an accepted
+    one (a copied file), it drafts on past K; where such drafts have been followed by rejections
+    (prose), it stops."""
+    worth = 1.5 / FLAT[1]  # the round's planned rate: 1.5x plain
+    followed, prompt = taught(loaded, lambda n: n)  # every draft it made was accepted
+    assert len(followed.propose(prompt, 2, worth, 16).tokens) >= 8  # planned on 2, offered 16
+    assert len(followed.propose(prompt, 2, worth).tokens) <= 2  # offered 2
+    broken, _ = taught(loaded, lambda n: 1)  # the first draft kept, the next rejected, every time
+    assert len(broken.propose(prompt, 2, worth, 16).tokens) <= 1
+
+
+def test_a_draft_stops_where_another_source_would_make_more_of_the_next_tokens(loaded):
+    """Each further draft is weighed against the round's planned rate, or against what the other
+    sources could make of a round from there (``rival``: a copy of the context, free to draft)
+    where that is more: a draft that would run on stops where a much faster rival appears, and
+    runs on past a slower one."""
+    src, prompt = taught(loaded, lambda n: n)
     worth = 1.5 / FLAT[1]
-    on_means = len(src.propose(prompt, 16, worth).tokens)
-    hopeful = len(src.propose(prompt, 16, worth, [0.95] * 16).tokens)
-    assert on_means <= 2 and hopeful >= 4  # (it stops where the draft's own confidence falls)
+
+    def after(n: int, rate: float):  # a rival that appears once n tokens are drafted
+        return lambda seq: rate if len(seq) >= len(prompt) + n else 0.0
+
+    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 2.0 / FLAT[1])).tokens) >= 8
+    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 50.0 / FLAT[1])).tokens) == 3
 
 
 def test_the_stop_rule_prices_its_verify_on_the_curve_the_round_was_planned_on(loaded):

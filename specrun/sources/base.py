@@ -149,11 +149,20 @@ class Source(Protocol):
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
-        """Up to k drafts; a source that sees its confidence may stop early, when one more
-        token would bring fewer tokens per second than ``worth`` (``rates`` and ``verify``: the
-        acceptance by position and the verify curve c(1..) the round was planned on; none
-        given, their means)."""
+    def propose(
+        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
+        """Up to k drafts. A source that sees its confidence decides how far as it drafts, up to
+        ``most`` (what it offered), weighing each further token against ``worth`` tokens a second,
+        or against ``rival(sequence)``, the most the other sources could make a second of a round
+        from there, where that is more (``verify``: the verify curve c(1..) the round was planned
+        on, a draw; none given, its means)."""
+
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        """a_1.. of the draft it would offer after ``seq`` (at most ``room`` tokens), found
+        without preparing: ``seq`` may end in another source's drafts. [] where it cannot say (a
+        source that drafts from a cache of its own)."""
 
     def observe(self, outcome: Outcome) -> None:
         """Learn from the round just done."""

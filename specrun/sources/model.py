@@ -1,17 +1,25 @@
 """Sources that draft one token at a time from logits of their own: a draft model, or the
 target's own MTP heads (``mtp.py``). What they share lives here.
 
-Two posteriors say how such a source does: acceptance by draft position (for the chooser, which
-must pick a length before any draft exists) and acceptance by the draft's own confidence (for
-the stop rule, which sees each token's confidence as it is drafted).
+Three posteriors say how such a source does: acceptance by draft position (for the chooser,
+which must weigh the source before any draft exists), and, for the stop rule, which sees each
+token's confidence as it is drafted, acceptance by the draft's own confidence and acceptance of
+the draft after an accepted one, by that one's confidence.
 
 The stop rule is the chooser's rule applied as the drafts come: at the round's planned rate
 ``worth`` (tokens per second), a cut of the first n drafts is worth its expected tokens (by each
 draft's confidence) less ``worth`` times its verify time. The round keeps the best cut, and
-drafts on while some longer draft, at its positions' rates, would beat that cut by more than
-its draft steps cost. On a memory-bound target (flat verify, cheap draft) that drafts long runs
-of confident tokens; on a compute-bound one it stops early. A draft also stops at a token that
-ends the target's turn: the target stops there, so nothing past it could be kept.
+drafts on while some longer draft would beat that cut by more than its draft steps cost, each
+further draft expected to be accepted as often as, in this source's rounds so far, a draft
+following one as confident as the last was (measured: a confident token in a copied file is
+followed by more of them, one in prose often is not). So the chooser decides which source
+drafts, and how far is decided here, up to what the source offered this round: the draft's
+confidence is what this text says now, where the position posteriors pool every text seen. It
+also stops where the other sources could make more of the next tokens than drafting on would
+(``rival``: where the drafts reproduce the context, the n-gram lookup drafts the rest for free).
+On a memory-bound target (flat verify, cheap draft) that drafts long runs of confident tokens;
+on a compute-bound one it stops early. A draft also stops at a token that ends the target's
+turn: the target stops there, so nothing past it could be kept.
 
 The draft model (``ModelSource``) is a small model with the target's vocabulary. Its KV cache
 holds a prefix of the sequence (``model.tokens``); each proposal first re-syncs it (rolling back
@@ -67,6 +75,8 @@ class Autoregressive:
         self.verify = cost  # the target's verify curve, for the stop rule
         self.positions = RateTable(draft_max)  # a_j: position j accepted, given the ones before were
         self.by_conf = [Rate() for _ in range(CONF_BINS)]  # acceptance by the draft's confidence
+        self.after = [Rate() for _ in range(CONF_BINS)]  # acceptance of the draft after an accepted
+        # one, by that one's confidence
         self.per_token: float | None = None  # seconds per draft step: each draft after a round's first
         self.first_s: float | None = None  # seconds to a round's first draft: it also feeds what the
         # last round added (one or two tokens), so it costs more than a step
@@ -115,9 +125,20 @@ class Autoregressive:
         b = conf_bin(conf)
         return self.by_conf[b].mean((b + 0.5) / CONF_BINS)
 
+    def next_rate(self, conf: float) -> float:
+        """Acceptance of the draft after an accepted one of this confidence (prior: that one's
+        own rate, as if confidence persisted)."""
+        return self.after[conf_bin(conf)].mean(self.conf_rate(conf))
+
     # --- drafting --------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        return []  # it drafts from its own cache, which holds no other source's drafts
+
+    def propose(
+        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         if k <= 0:
             return Proposal()
         t0 = time.perf_counter()
@@ -125,16 +146,16 @@ class Autoregressive:
         out = Proposal(sync_s=sync_s, caught_up=caught_up)
         if logits is None:
             return out
+        most = max(k, most) if worth > 0 else k  # with a stop rule, as far as the source offered
         # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
-        c = np.asarray(verify) if len(verify) > k else self.verify.table(k + 1)
+        c = np.asarray(verify) if len(verify) > most else self.verify.table(most + 1)
         d = self.per_token or 0.0
-        a = list(rates) or self.positions.means()
         picked: list[float] = []  # when each draft was picked
         gained = 0.0  # expected tokens the drafts so far bring, by their confidences
         reach = 1.0  # the chance every draft so far is accepted
         keep, kept_value = 0, 0.0  # the best cut so far, and its value: tokens - worth * verify time
         try:
-            for i in range(k):
+            for i in range(most):
                 row = logits[: self.n_vocab]
                 if self.sampler.greedy:
                     x = int(np.argmax(row))
@@ -155,10 +176,15 @@ class Autoregressive:
                 value = gained - worth * (c[i + 1] - c[0])
                 if value >= kept_value or i == 0:
                     keep, kept_value = i + 1, value
-                if i + 1 >= k or self.ends_turn(x):  # the target stops at such a token: nothing past it is kept
+                if i + 1 >= most or self.ends_turn(x):  # the target stops at such a token: nothing past it is kept
                     break
-                if worth > 0 and not self._more_pays(reach, gained, i + 1, k, kept_value, worth, a, c, d):
+                if worth > 0 and not _more_pays(reach, gained, i + 1, most, kept_value, worth, self.next_rate(conf), c, d):
                     break
+                other = rival(tokens + out.tokens) if rival is not None and worth > 0 else 0.0
+                if other > worth and not _more_pays(
+                    reach, gained, i + 1, most, gained - other * (c[i + 1] - c[0]), other, self.next_rate(conf), c, d
+                ):
+                    break  # another source (a copy of the context) would make more of the next tokens
                 logits = self._step(x)
         finally:
             self._end()
@@ -169,24 +195,11 @@ class Autoregressive:
             out = out.cut(keep)
         return out
 
-    @staticmethod
-    def _more_pays(reach, gained, n, k, kept_value, worth, a, c, d) -> bool:
-        """Could drafting on from ``n`` tokens to some m <= k beat the best cut so far? Each
-        further token is expected at its position's rate; it costs a draft step and its share
-        of verifying m, at the round's planned rate. Any m, not just the next: a verify curve
-        with a step in it can make 16 tokens cheaper than 12."""
-        for m in range(n + 1, min(k, len(a)) + 1):
-            reach *= a[m - 1]
-            gained += reach
-            if gained - worth * (c[m] - c[0] + (m - n) * d) > kept_value:
-                return True
-        return False
-
     # --- learning --------------------------------------------------------------------
 
     def observe(self, outcome: Outcome) -> None:
         self.positions.decay()
-        for r in self.by_conf:
+        for r in (*self.by_conf, *self.after):
             r.decay()
         p = outcome.proposal
         if outcome.source != self.name or not p.tokens:
@@ -204,24 +217,45 @@ class Autoregressive:
             self.positions.bins[i].add(hit)
             if i < len(p.confidences):
                 self.by_conf[conf_bin(p.confidences[i])].add(hit)
+            if 0 < i <= len(p.confidences):  # draft i - 1 was accepted: did the one after it follow?
+                self.after[conf_bin(p.confidences[i - 1])].add(hit)
 
     def to_json(self) -> dict:
-        conf = RateTable(CONF_BINS)
-        conf.bins = self.by_conf
-        return {"positions": self.positions.to_json(), "by_conf": conf.to_json(), "per_token": self.per_token, "first_s": self.first_s}
+        conf, after = RateTable(CONF_BINS), RateTable(CONF_BINS)
+        conf.bins, after.bins = self.by_conf, self.after
+        return {
+            "positions": self.positions.to_json(), "by_conf": conf.to_json(), "after_conf": after.to_json(),
+            "per_token": self.per_token, "first_s": self.first_s,
+        }  # fmt: skip
 
     def load(self, d: dict) -> None:
         if not isinstance(d, dict):
             return
         self.positions.load(d.get("positions"))
-        conf = RateTable(CONF_BINS)
-        conf.load(d.get("by_conf"))
-        if any(r.n for r in conf.bins):
-            self.by_conf = conf.bins
+        for key, attr in (("by_conf", "by_conf"), ("after_conf", "after")):
+            table = RateTable(CONF_BINS)
+            table.load(d.get(key))
+            if any(r.n for r in table.bins):
+                setattr(self, attr, table.bins)
         for key in ("per_token", "first_s"):
             v = d.get(key)
             if isinstance(v, (int, float)) and v > 0:
                 setattr(self, key, float(v))
+
+
+def _more_pays(
+    reach: float, gained: float, n: int, most: int, kept_value: float, worth: float, rate: float, c: np.ndarray, d: float
+) -> bool:
+    """Could drafting on from ``n`` tokens to some m <= ``most`` beat the best cut so far? Each
+    further token is expected at ``rate``; it costs a draft step and its share of verifying m, at
+    the round's planned rate ``worth``. Any m, not just the next: a verify curve with a step in it
+    can make 16 tokens cheaper than 12."""
+    for m in range(n + 1, min(most, len(c) - 1) + 1):
+        reach *= rate
+        gained += reach
+        if gained - worth * (c[m] - c[0] + (m - n) * d) > kept_value:
+            return True
+    return False
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -311,8 +345,11 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, rates, verify)
+    def propose(
+        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, most, verify, rival)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the

@@ -66,11 +66,13 @@ class NgramSource:
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
-        end = next((i for i, t in enumerate(self.offer.tokens) if self.ends_turn(t)), None)
-        if end is not None:
-            self.offer = self.offer.cut(end + 1)
+        self.offer = self.offer.cut(self._to_turn_end(self.offer.tokens))
         self.last = tokens[-1] if tokens else -1
         return len(self.offer)
+
+    def _to_turn_end(self, copy: Sequence[int]) -> int:
+        """How much of a copy could be kept: up to a token that ends the target's turn."""
+        return next((i + 1 for i, t in enumerate(copy) if self.ends_turn(t)), len(copy))
 
     def _starts_line(self, j: int) -> bool:
         """Does position j of the copy on offer start a new line?"""
@@ -80,14 +82,22 @@ class NgramSource:
         """The means, never a draw: every round scores the copy on offer, drafted or not, so
         drafting a copy teaches nothing that watching it does not, and a hopeful draw would
         only buy a long verify for a lesson already free."""
-        rates = self.copy.means()
-        out = []
-        for j in range(k):
-            a = rates[copy_bin(self.offer.match + j)]
-            if self._starts_line(j):
-                a = self.line.mean(a)
-            out.append(a)
+        return self._rates(self.offer.tokens[:k], self.offer.match, self.last)
+
+    def _rates(self, copy: Sequence[int], match: int, last: int) -> list[float]:
+        """a_j for a copy that has matched ``match`` tokens, after ``last``."""
+        rates, out = self.copy.means(), []
+        for j, before in enumerate([last, *copy][: len(copy)]):  # the token before each
+            a = rates[copy_bin(match + j)]
+            out.append(self.line.mean(a) if self.ends_line(before) else a)
         return out
+
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        """a_1.. of the copy it would offer after ``seq`` (at most ``room``), found without
+        preparing: ``seq`` may end in another source's drafts."""
+        src, match = self.drafter.lookup(seq)
+        copy = self.drafter.span(seq, src, room) if match else []
+        return self._rates(copy[: self._to_turn_end(copy)], match, seq[-1])
 
     def rates(self) -> list[float]:
         """The mean rate by copy-length bin (for `specrun costs`)."""
@@ -96,7 +106,10 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, rates: Sequence[float] = (), verify: Sequence[float] = ()) -> Proposal:
+    def propose(
+        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         return self.offer.cut(k)
 
     def observe(self, outcome: Outcome) -> None:
@@ -175,10 +188,14 @@ class NgramDrafter:
 
     def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
         """Propose the k source tokens from ``src`` on, with the learned edits applied."""
-        edits, match = self.edits, min(match, self.MATCH_CAP)
-        run = [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
-        self._follow = (len(tokens), src, match)
-        return Proposal(run, [Dist.one_hot(t) for t in run], match)
+        run = self.span(tokens, src, k)
+        self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
+        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
+
+    def span(self, tokens: list[int], src: int, k: int) -> list[int]:
+        """The k source tokens from ``src`` on, with the learned edits applied."""
+        edits = self.edits
+        return [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
 
     def _continue(self, tokens: list[int], k: int) -> Proposal | None:
         """Go on with the copy under way, learning an edit where it broke. None: no copy."""
@@ -231,21 +248,28 @@ class NgramDrafter:
             return out
         # 2. the target came back to the source where a copy broke: it inserted, so resume there
         self._follow = None
-        end = len(tokens)
         out = self._resume(tokens, k)
         if out is not None:
             return out
-        # 3. otherwise look the longest suffix up, and count how far back the match goes
+        # 3. otherwise look the longest suffix up
+        src, match = self.lookup(tokens)
+        return self._copy(tokens, src, k, match) if match else Proposal()
+
+    def lookup(self, seq: list[int]) -> tuple[int, int]:
+        """Where a copy after ``seq`` would start in the sequence indexed so far, and how far back
+        its match goes (0: no copy); ``seq`` may run past what is indexed (drafts not yet
+        verified). Of the longest suffix's occurrences, the one matching furthest back wins."""
+        end = len(seq)
         for n in range(self.n_max, self.n_min - 1, -1):
             if end <= n:
                 continue
-            best, best_match = None, -1
-            for src in reversed(self._index.get(tuple(tokens[end - n :]), ())):  # latest first: it wins ties
+            best, best_match = 0, 0
+            for src in reversed(self._index.get(tuple(seq[end - n :]), ())):  # latest first: it wins ties
                 match = n
-                while match < self.MATCH_CAP and match < src and tokens[end - 1 - match] == tokens[src - 1 - match]:
+                while match < self.MATCH_CAP and match < src and seq[end - 1 - match] == seq[src - 1 - match]:
                     match += 1
                 if match > best_match:
                     best, best_match = src, match
-            if best is not None:
-                return self._copy(tokens, best, k, best_match)
-        return Proposal()
+            if best_match:
+                return best, best_match
+        return 0, 0
