@@ -232,7 +232,7 @@ class Chooser:
                 why.append(f"{name}: nothing on offer")
             else:
                 why.append(
-                    f"{name}: its best draft ({o.k} tokens, {o.a1:.0%} accepted at the first) would run {o.speedup:.2f}x plain "
+                    f"{name}: its best draft ({o.k} token{'s' if o.k != 1 else ''}, {o.a1:.0%} accepted at the first) would run {o.speedup:.2f}x plain "
                     f"(verifying {o.k + 1} costs {o.verify_steps:.1f} plain steps, drafting {o.k} costs {o.draft_steps:.1f})"
                 )
         if self.pace:
