@@ -184,7 +184,7 @@ class Chooser:
                     plan, most = Plan(name, k, pace, most=caps[name], verify=tuple(c)), gain
         # what the round is expected to make a second, at the means (a draw that won the choice is
         # likelier high than low): the reply's pace is built of these
-        expected = 1.0 / mean_c[0]
+        expected = float(1.0 / mean_c[0])
         if plan.k:
             _, draft, means = offers[plan.source]
             total, time = self._tokens_and_time(means[: plan.k], draft[: plan.k], mean_c, r)

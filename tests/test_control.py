@@ -289,6 +289,24 @@ def test_a_draft_under_way_is_weighed_against_the_copy_it_would_let_the_next_rou
     assert s.peek(seq, 16) == []  # asking changed nothing: the sequence as it was still has no copy
 
 
+def test_copy_rates_learn_from_every_token_written_however_it_was_drafted():
+    """A round in which another source (the draft model) wrote 30 tokens that repeat the context
+    scores the copies the lookup would have offered along them, not only the copy on offer at
+    the round's start (here none): the rates learn as if copy rounds had drafted those tokens,
+    so that a draft model drafting long rounds through a copied file does not keep the copy's
+    rates where other text left them."""
+    s = NgramSource()
+    seq = list(range(1, 41))
+    assert s.prepare(seq, 16, 100) == 0  # nothing on offer: the sequence's end repeats nothing
+    for b in s.copy.bins:  # copy rates another text left low
+        b.hits, b.n = 0.5, 2.0
+    assert max(s.copy.means()) < 0.4
+    written = seq[:30]  # the round writes the context's start again
+    rs = RoundStats("model", 29, 29, 30, 0.0, 0.0, 0.0)
+    s.observe(Outcome("model", Proposal(written[:-1]), 29, written, False, rs))
+    assert min(s.copy.means()[copy_bin(4) : copy_bin(16) + 1]) > 0.5
+
+
 def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
     """Every round scores the copy on offer, drafted or not, so drafting one on a hopeful draw
     would buy a long verify for a lesson already free: however unsure the copy rates, and

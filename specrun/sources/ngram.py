@@ -7,8 +7,9 @@ copy-length bin, ``a_j = rate(L + j - 1)``. Edits come in lines, though: a docst
 call or a comment is inserted between lines, so a copy that runs on across a line break is a
 different bet from one that runs on inside a line. A position that starts a new line has a
 rate of its own (with the length bin's as its prior). Guesses cost no model time, so every
-round scores the copy on offer against what the target actually wrote, drafted or not: the
-rates learn from every token, and a copy that starts to pay is taken up at once. A copy ends
+round scores the copy on offer against what the target actually wrote, drafted or not, and the
+copies it would have offered along the rest of a long round another source drafted: the rates
+learn from every token, and a copy that starts to pay is taken up at once. A copy ends
 where its source's turn ended (a file quoted in the prompt is followed by the end of the user's
 turn): the target stops there too, so nothing past that token could ever be kept.
 """
@@ -60,6 +61,7 @@ class NgramSource:
         self.ends_turn = ends_turn if ends_turn is not None else (lambda t: False)
         self.offer = Proposal()
         self.last = -1  # the sequence's last token, before the copy on offer
+        self.before: list[int] = []  # the sequence the copy on offer follows
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         self.offer = Proposal()
@@ -68,15 +70,12 @@ class NgramSource:
         self.offer = self.drafter.propose(tokens, room)
         self.offer = self.offer.cut(self._to_turn_end(self.offer.tokens))
         self.last = tokens[-1] if tokens else -1
+        self.before = tokens[:]
         return len(self.offer)
 
     def _to_turn_end(self, copy: Sequence[int]) -> int:
         """How much of a copy could be kept: up to a token that ends the target's turn."""
         return next((i + 1 for i, t in enumerate(copy) if self.ends_turn(t)), len(copy))
-
-    def _starts_line(self, j: int) -> bool:
-        """Does position j of the copy on offer start a new line?"""
-        return self.ends_line(self.offer.tokens[j - 1] if j else self.last)
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
         """The means, never a draw: every round scores the copy on offer, drafted or not, so
@@ -114,13 +113,31 @@ class NgramSource:
 
     def observe(self, outcome: Outcome) -> None:
         """Score the copy on offer (used or not) against the tokens that really followed, up to
-        the first miss."""
+        the first miss; and where the round wrote more than that (another source's long draft),
+        the copies the lookup would have offered along the rest, as a run of copy rounds would
+        have drafted them: copy rates learn from every token written, however it was drafted."""
         self.copy.decay()
         self.line.decay()
-        for j, (x, y) in enumerate(zip(self.offer.tokens, outcome.emitted)):
-            (self.line if self._starts_line(j) else self.copy.bins[copy_bin(self.offer.match + j)]).add(x == y)
-            if x != y:
+        written, p = outcome.emitted, 0
+        copy, match, last = self.offer.tokens, self.offer.match, self.last
+        while p < len(written):
+            p += self._score(copy, match, last, written[p:]) if copy else 1  # no copy: a plain step
+            if p >= len(written) or self.drafter.indexed() != len(self.before):
                 break
+            seq = self.before + written[:p]
+            src, match = self.drafter.lookup(seq)
+            copy = self.drafter.span(seq, src, len(written) - p) if match else []
+            copy, last = copy[: self._to_turn_end(copy)], seq[-1]
+
+    def _score(self, copy: Sequence[int], match: int, last: int, written: Sequence[int]) -> int:
+        """Score a copy against what was written, up to its first miss; the tokens a copy round
+        would have written (its accepted tokens and the target's own)."""
+        for j, (x, y) in enumerate(zip(copy, written)):
+            starts_line = self.ends_line(copy[j - 1] if j else last)
+            (self.line if starts_line else self.copy.bins[copy_bin(match + j)]).add(x == y)
+            if x != y:
+                return j + 1
+        return min(len(copy), len(written)) + 1
 
     def rollback(self, keep: int) -> None:
         pass  # the lookup rebuilds itself from the sequence
@@ -191,6 +208,10 @@ class NgramDrafter:
         run = self.span(tokens, src, k)
         self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
         return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
+
+    def indexed(self) -> int:
+        """How much of the sequence is indexed."""
+        return len(self._seen)
 
     def span(self, tokens: list[int], src: int, k: int) -> list[int]:
         """The k source tokens from ``src`` on, with the learned edits applied."""
