@@ -178,13 +178,13 @@ class Autoregressive:
                     keep, kept_value = i + 1, value
                 if i + 1 >= most or self.ends_turn(x):  # the target stops at such a token: nothing past it is kept
                     break
-                if worth > 0 and not _more_pays(reach, gained, i + 1, most, kept_value, worth, self.next_rate(conf), c, d):
-                    break
-                other = rival(tokens + out.tokens) if rival is not None and worth > 0 else 0.0
-                if other > worth and not _more_pays(
-                    reach, gained, i + 1, most, gained - other * (c[i + 1] - c[0]), other, self.next_rate(conf), c, d
-                ):
-                    break  # another source (a copy of the context) would make more of the next tokens
+                if worth > 0:
+                    nxt = self.next_rate(conf)
+                    if not _more_pays(reach, gained, i + 1, most, kept_value, worth, nxt, c, d):
+                        break
+                    other = rival(tokens + out.tokens) if rival is not None else 0.0
+                    if other > worth and not _more_pays(reach, gained, i + 1, most, gained - other * (c[i + 1] - c[0]), other, nxt, c, d):
+                        break  # another source (a copy of the context) would make more of the next tokens
                 logits = self._step(x)
         finally:
             self._end()

@@ -61,7 +61,7 @@ class NgramSource:
         self.ends_turn = ends_turn if ends_turn is not None else (lambda t: False)
         self.offer = Proposal()
         self.last = -1  # the sequence's last token, before the copy on offer
-        self.before: list[int] = []  # the sequence the copy on offer follows
+        self.before = 0  # the length of the sequence the copy on offer follows
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         self.offer = Proposal()
@@ -70,7 +70,7 @@ class NgramSource:
         self.offer = self.drafter.propose(tokens, room)
         self.offer = self.offer.cut(self._to_turn_end(self.offer.tokens))
         self.last = tokens[-1] if tokens else -1
-        self.before = tokens[:]
+        self.before = len(tokens)
         return len(self.offer)
 
     def _to_turn_end(self, copy: Sequence[int]) -> int:
@@ -122,9 +122,9 @@ class NgramSource:
         copy, match, last = self.offer.tokens, self.offer.match, self.last
         while p < len(written):
             p += self._score(copy, match, last, written[p:]) if copy else 1  # no copy: a plain step
-            if p >= len(written) or self.drafter.indexed() != len(self.before):
+            if p >= len(written) or len(self.drafter.seen) != self.before:  # the lookup did not index it
                 break
-            seq = self.before + written[:p]
+            seq = self.drafter.seen + written[:p]
             src, match = self.drafter.lookup(seq)
             copy = self.drafter.span(seq, src, len(written) - p) if match else []
             copy, last = copy[: self._to_turn_end(copy)], seq[-1]
@@ -209,9 +209,10 @@ class NgramDrafter:
         self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
         return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
 
-    def indexed(self) -> int:
-        """How much of the sequence is indexed."""
-        return len(self._seen)
+    @property
+    def seen(self) -> list[int]:
+        """The sequence indexed so far (not to be changed)."""
+        return self._seen
 
     def span(self, tokens: list[int], src: int, k: int) -> list[int]:
         """The k source tokens from ``src`` on, with the learned edits applied."""
