@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from .costs import CostModel
 from .engine import DRAFT_MODES, Engine, Settings
 from .errors import InputError, UsageError
+from .llamacpp import PREFIX as OUTSIDE
 from .sampling import Sampler
 from .stats import RunStats, add_per_position
 from .stream import stream_generate
@@ -86,7 +88,7 @@ class Sample:
     mode: str
     run: int
     stats: RunStats
-    tokens: list[int]
+    tokens: list[int] | None  # None: another tool's run, whose tokens are not compared
 
 
 @dataclass
@@ -100,7 +102,7 @@ class ModeSummary:
     drafted_rounds: int = 0
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
-    identical: bool = True  # greedy output identical to plain decoding
+    identical: bool | None = True  # greedy output identical to plain decoding; None: not compared (another tool's)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
 
     def add(self, s: RunStats) -> None:
@@ -186,7 +188,9 @@ class BenchResult:
                 if base is not None and base.stats.generation_tps > 0:
                     m.speedups.append(s.stats.generation_tps / base.stats.generation_tps)
                     m.by_prompt.setdefault((s.cls, s.prompt_index), []).append(m.speedups[-1])
-                    if s.tokens != base.tokens:
+                    if s.tokens is None:
+                        m.identical = None
+                    elif s.tokens != base.tokens:
                         m.identical = False
         return out
 
@@ -205,17 +209,34 @@ class BenchResult:
         return (n_tok / t_pred) / (1.0 / self.plain_cost)
 
     def verdict(self) -> str:
-        overall = self.summaries().get("overall", {})
+        sums = {c: {m: s for m, s in ms.items() if not m.startswith(OUTSIDE)} for c, ms in self.summaries().items()}
+        overall = sums.get("overall", {})
         best = max((m for m in overall.values()), key=lambda m: geomean(m.speedups) if m.speedups else 1.0, default=None)
         if best is None or best.mode == BASELINE or geomean(best.speedups) < 1.03:
             return "use --draft none: no mode beat plain decoding by more than noise on this machine"
         per_class = {
-            c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode
-            for c, ms in self.summaries().items()
-            if c != "overall"
+            c: max(ms.values(), key=lambda m: geomean(m.speedups) if m.speedups else 1.0).mode for c, ms in sums.items() if c != "overall"
         }
         classes = ", ".join(f"{c}: {m}" for c, m in sorted(per_class.items()))
         return f"use --draft {best.mode} ({geomean(best.speedups):.2f}x plain overall); best per class: {classes}"
+
+    def against_outside(self) -> dict[str, dict]:
+        """Per class, the best of the other tool's settings and each of specrun's modes as a
+        ratio to it: per prompt the median over runs of the speedup over plain (each run
+        against its own plain run), then the geometric mean over the class's prompts."""
+        out = {}
+        for cls, ms in self.summaries().items():
+            score = {m: geomean([statistics.median(v) for v in s.by_prompt.values()]) for m, s in ms.items() if s.by_prompt}
+            theirs = {m: x for m, x in score.items() if m.startswith(OUTSIDE)}
+            if not theirs:
+                continue
+            best = max(theirs, key=lambda m: theirs[m])
+            out[cls] = {
+                "best": best,
+                "best_speedup": round(theirs[best], 4),
+                "ratio": {m: round(x / theirs[best], 4) for m, x in score.items() if not m.startswith(OUTSIDE) and m != BASELINE},
+            }
+        return out
 
     def to_json(self) -> dict:
         sums = self.summaries()
@@ -227,6 +248,7 @@ class BenchResult:
             "modes": self.modes,
             "classes": {c: {m: s.to_json() for m, s in ms.items()} for c, ms in sums.items()},
             "verdict": self.verdict(),
+            "against_llama_cpp": self.against_outside(),
             "cost_model": {
                 "verify_s_by_batch": {str(b): round(v, 6) for b, v in curve.items()},
                 "verify_relative": {str(b): round(v / c1, 3) for b, v in curve.items()},
@@ -238,7 +260,7 @@ class BenchResult:
             "predicted_vs_measured": {
                 m: {"predicted": round(self.predicted_speedup(m), 3), "measured": overall[m].to_json()["speedup"] if m in overall else None}
                 for m in self.modes
-                if m != BASELINE
+                if m != BASELINE and not m.startswith(OUTSIDE)
             },
         }
 
@@ -278,18 +300,23 @@ def run_bench(
     on_sample=None,
     heads=None,
     eagle3=None,
+    outside: dict[str, Callable[[int, int], RunStats]] | None = None,
 ) -> BenchResult:
     """``tokenize(prompt) -> tokens`` applies the chat template; ``settings`` gives the knobs
     (draft-max etc.) and each mode (see ``parse_mode``) replaces its ``draft`` field, or
     fixes K. ``heads`` (the target's MTP heads) and ``eagle3`` (an EAGLE-3 head), attached to
     the target, are sources for the modes that draft with them. Attached, they follow every
     target decode, plain decoding's too: they keep the target's state row per token and catch
-    up once their queue fills a batch, which a prompt's reset empties first."""
+    up once their queue fills a batch, which a prompt's reset empties first. ``outside`` adds
+    another tool's settings (``llama.cpp:draft-simple@8``: ``llamacpp.LlamaCpp``), each a
+    ``run(prompt index, n) -> RunStats`` that takes its turn among the modes like one of them."""
     if runs < 1:
         raise UsageError("{runs} must be >= 1", "e.g. 2", "runs")
-    all_modes = [BASELINE] + [m for m in modes if m != BASELINE]
+    own = [BASELINE] + [m for m in modes if m != BASELINE]
+    outside = outside or {}
+    all_modes = own + list(outside)
     engines = {}
-    for m in all_modes:
+    for m in own:
         s = mode_settings(settings, m)
         engines[m] = Engine(
             target,
@@ -302,9 +329,9 @@ def run_bench(
         )
     token_lists = [tokenize(p) for p in prompts]
     if not cost.verify:
-        engines[all_modes[-1]].calibrate()
+        engines[own[-1]].calibrate()
     # warm-up: one short generation per mode, discarded
-    for m in all_modes:
+    for m in own:
         e = engines[m]
         e.reset()
         for _ in stream_generate(e, token_lists[0], min(16, n_predict)):
@@ -315,14 +342,18 @@ def run_bench(
             # interleaved, the order turned round every other sample (A B C, C B A, ...), so
             # that running first or last (a warmer cache, a busier neighbour) favours no mode
             for m in all_modes if (run * len(prompts) + i) % 2 == 0 else all_modes[::-1]:
-                e = engines[m]
-                e.reset()
-                out: list[int] = []
-                stats = RunStats()
-                for event in stream_generate(e, toks, p.n_predict or n_predict):
-                    out.extend(event.tokens)
-                    stats = event.stats
-                sample = Sample(p.cls, i, m, run, stats, out)
+                n = p.n_predict or n_predict
+                if m in outside:
+                    sample = Sample(p.cls, i, m, run, outside[m](i, n), None)
+                else:
+                    e = engines[m]
+                    e.reset()
+                    out: list[int] = []
+                    stats = RunStats()
+                    for event in stream_generate(e, toks, n):
+                        out.extend(event.tokens)
+                        stats = event.stats
+                    sample = Sample(p.cls, i, m, run, stats, out)
                 samples.append(sample)
                 if on_sample:
                     on_sample(sample)

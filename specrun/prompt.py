@@ -30,3 +30,12 @@ def chat_prompt(pair: OpenPair, messages: list[dict], warn: Callable[[str], None
     text = render_chat(tmpl, messages, warn)
     bos = tmpl.bos_token
     return pair.target.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+
+
+def chat_text(pair: OpenPair, messages: list[dict], warn: Callable[[str], None] | None = None) -> str:
+    """The same prompt as text, for a tool that tokenizes it adding the model's own specials
+    (llama.cpp's do): without a BOS text the template wrote where the tokenizer adds one."""
+    tmpl = model_template(pair)
+    text = render_chat(tmpl, messages, warn)
+    bos = tmpl.bos_token
+    return text.removeprefix(bos) if bos and pair.target_info.add_bos else text

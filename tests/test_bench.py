@@ -180,6 +180,17 @@ def test_ngram_only_needs_no_draft_model(tiny, tmp_path, capsys):
     assert data["cost_model"]["draft_relative"] is None
 
 
+def test_limit_keeps_at_most_n_prompts_of_each_class(tiny, tmp_path, capsys):
+    rows = [{"class": c, "prompt": f"{c} prompt {i}", "chat": False, "n": 4} for c in ("a", "b") for i in range(3)]
+    prompts = write_jsonl(tmp_path / "p.jsonl", rows[:1] + rows[3:] + rows[1:3])  # a, b, b, b, a, a
+    code = main(["bench", "-m", str(tiny["target"]), "--draft", "ngram", "--runs", "1", "-t", "1", "-c", "512", "--json"]
+                + ["--prompts", str(prompts), "--limit", "2"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    assert {c: data["classes"][c]["ngram"]["n"] for c in ("a", "b", "overall")} == {"a": 2, "b": 2, "overall": 4}
+
+
 # --- bad input: one line on stderr, an exit code, nothing loaded --------------------------
 
 

@@ -122,6 +122,7 @@ SCRIPT_FLAGS = {
     "--ngram": "compare-llama-cpp.sh",
     "--draft-model": "compare-llama-cpp.sh",
     "--serve": "compare-llama-cpp.sh",
+    "--build-only": "compare-llama-cpp.sh",
     "--clients": "tools/compare_serve.py",
     "--setups": "tools/compare_serve.py",
 }

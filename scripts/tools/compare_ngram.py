@@ -42,12 +42,13 @@ import tempfile
 from pathlib import Path
 
 from specrun.bench import load_prompts
+from specrun.llamacpp import NGRAM_SETTINGS, LlamaCpp, write_prompt
 from specrun.modelinfo import model_info
 from specrun.session import cost_store
 from specrun.template import ChatTemplate, render_chat
 
 MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
-TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+TYPES = NGRAM_SETTINGS
 SPECRUN = Path(sys.executable).parent / "specrun"
 
 
@@ -71,17 +72,6 @@ def specrun_cmd(args, prompt_file: Path, n: int, mode: str | None) -> list[str]:
     return cmd + ["--draft", mode] + (["--draft-max", n_max] if n_max else [])
 
 
-def llama_cmd(args, prompt_file: Path, n: int, spec_type: str) -> list[str]:
-    """`llama-speculative-simple` with one speculative type, greedy: at its defaults, or with
-    ``--spec-draft-n-max N`` for ``TYPE@N``."""
-    spec_type, _, n_max = spec_type.partition("@")
-    exe = Path(args.bin) / "llama-speculative-simple"
-    cmd = [str(exe), "-m", str(args.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0", "-t", str(args.threads)]
-    cmd += ["-td", str(args.threads), "-c", "4096", "--spec-type", spec_type]
-    cmd += ["--spec-draft-n-max", n_max] if n_max else []
-    return cmd + (["-md", str(args.draft)] if spec_type.startswith("draft") else [])
-
-
 def run_specrun(args, prompt_file: Path, n: int, mode: str | None, env: dict[str, str] | None = None) -> dict:
     cmd = specrun_cmd(args, prompt_file, n, mode)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -92,20 +82,10 @@ def run_specrun(args, prompt_file: Path, n: int, mode: str | None, env: dict[str
 
 
 def run_llama(args, prompt_file: Path, n: int, spec_type: str) -> dict:
-    cmd = llama_cmd(args, prompt_file, n, spec_type)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    out = p.stdout + p.stderr
-    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", out)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"{' '.join(cmd)}: {out[-800:]}")
-    drafted = re.search(r"n_drafted\s*=\s*(\d+)", out)
-    accepted = re.search(r"n_accept\s*=\s*(\d+)", out)
-    return {
-        "tps": float(m.group(3)),
-        "n": int(m.group(1)),
-        "drafted": int(drafted.group(1)) if drafted else None,
-        "accepted": int(accepted.group(1)) if accepted else None,
-    }
+    """`llama-speculative-simple` (specrun's own runner of it, as `specrun bench --llama-cpp`
+    uses) with one type, greedy: at its defaults, or with ``--spec-draft-n-max N`` for ``TYPE@N``."""
+    s = LlamaCpp(Path(args.bin), args.target, args.draft, args.threads, 4096).run(spec_type, prompt_file, n)
+    return {"tps": s.generation_tps, "n": s.n_generated, "drafted": s.n_drafted, "accepted": s.n_accepted}
 
 
 def main() -> int:
@@ -188,13 +168,14 @@ def main() -> int:
                 e["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
             return e
 
-        files = []
+        files = []  # (specrun's prompt file, llama.cpp's: the same text, read alike)
         for i, p in enumerate(prompts):
+            text = render(args.target, p.prompt) if p.chat else p.prompt
             f = Path(tmp) / f"prompt{i}.txt"
-            f.write_text(render(args.target, p.prompt) if p.chat else p.prompt)
-            files.append(f)
+            f.write_text(text, encoding="utf-8")
+            files.append((f, write_prompt(Path(tmp) / f"prompt{i}-llama.txt", text)))
         for run in range(args.first_run, args.first_run + args.runs):
-            for i, (p, f) in enumerate(zip(prompts, files)):
+            for i, (p, (f, f_llama)) in enumerate(zip(prompts, files)):
                 order = modes[(run + i) % len(modes) :] + modes[: (run + i) % len(modes)]  # rotate: no mode always first
                 lock = open(args.lock, "a") if args.lock else None  # noqa: SIM115 - held for the loop below
                 if lock is not None:
@@ -208,7 +189,7 @@ def main() -> int:
                     elif mode.startswith("specrun:"):
                         r = run_specrun(args, f, n, mode.removeprefix("specrun:").removeprefix("base:"), env(mode))
                     else:
-                        r = run_llama(args, f, n, mode)
+                        r = run_llama(args, f_llama, n, mode)
                     samples.append({"cls": p.cls, "prompt": i, "run": run, "mode": mode, **r})
                     print(
                         f"run {run + 1} {p.cls:<10} #{i} {mode:<14} {r['tps']:6.2f} tok/s  n {r['n']}  drafted {r['drafted']} accepted {r['accepted']}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,7 +17,8 @@ from ..costs import CostModel
 from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
 from ..errors import UsageError
 from ..learned import Learned
-from ..prompt import chat_prompt
+from ..llamacpp import PREFIX, LlamaCpp, find_bin, parse_settings, write_prompt
+from ..prompt import chat_prompt, chat_text
 from ..sampling import Sampler
 from ..session import cost_store, load_costs, resolve_pair
 from .common import load_pair, load_registry, print_json, stderr, stdout
@@ -53,6 +55,35 @@ def register(app: typer.Typer) -> None:
         recalibrate: Annotated[
             bool, typer.Option("--recalibrate", help="Measure the verify curve afresh instead of starting from the stored one.")
         ] = False,
+        limit: Annotated[
+            Optional[int], typer.Option("--limit", help="Only the first N prompts of each class.", min=1, show_default=False)
+        ] = None,
+        llama_cpp: Annotated[
+            bool,
+            typer.Option(
+                "--llama-cpp",
+                help="Also run llama.cpp's own speculative decoding (llama-speculative-simple) on the same files and prompts, "
+                "taking its turn among the modes, and rate each mode against its best setting per class.",
+            ),
+        ] = False,
+        llama_cpp_settings: Annotated[
+            Optional[str],
+            typer.Option(
+                "--llama-cpp-settings",
+                help="llama.cpp's settings for --llama-cpp, comma-separated: TYPE (its defaults) or TYPE@N (n-max N). "
+                "Default: draft-simple at its defaults and @4, @8, @16 with a draft model; every n-gram type without.",
+                show_default=False,
+            ),
+        ] = None,
+        llama_cpp_bin: Annotated[
+            Optional[Path],
+            typer.Option(
+                "--llama-cpp-bin",
+                help="llama.cpp's build/bin for --llama-cpp (default: $SPECRUN_LLAMA_CPP_BIN, else the build "
+                "scripts/compare-llama-cpp.sh --build-only makes, else PATH).",
+                show_default=False,
+            ),
+        ] = None,
     ) -> int:
         """Is speculation worth it for this pair on this machine? Runs plain decoding and each
         mode on the same prompts (greedy), interleaved after a warm-up, and prints tokens/s
@@ -70,6 +101,10 @@ def register(app: typer.Typer) -> None:
             plist = [p for p in plist if p.cls in keep]
             if not plist:
                 raise UsageError(f"no prompts of class {classes!r}", "see the class names in the prompts file")
+        if limit:
+            plist = [p for c in dict.fromkeys(p.cls for p in plist) for p in [q for q in plist if q.cls == c][:limit]]
+        if not llama_cpp and (llama_cpp_settings or llama_cpp_bin):
+            raise UsageError("--llama-cpp-settings and --llama-cpp-bin go with --llama-cpp", "add --llama-cpp")
         from .. import backend
 
         network: dict = {}
@@ -84,11 +119,31 @@ def register(app: typer.Typer) -> None:
             for kind in others:
                 resolve_pair(registry, opts.model, opts.draft_model, dataclasses.replace(opts.settings, mode=kind))
         err = stderr()
+        tool = None
+        if llama_cpp:  # before the load: a missing tool or a bad setting is said at once
+            tool = find_bin(llama_cpp_bin)
+            parse_settings(llama_cpp_settings, has_draft=True)
         pair = load_pair(opts, err, dataclasses.replace(opts.settings, mode=need))
         target_label, draft_label = pair.labels
         if pair.settings_for(dataclasses.replace(opts.settings, mode="hybrid")).mode != "hybrid":  # hybrid would be ngram here
             wanted = [m for m in wanted if draft_of[m] != "hybrid"] or ["ngram"]
+        outside = {}
+        prompt_dir = tempfile.TemporaryDirectory(prefix="specrun-bench-")
         try:
+            if tool is not None:
+                llama = LlamaCpp(
+                    tool, pair.target_info.path, pair.draft_info.path if pair.draft_info else None, opts.pair.threads,
+                    opts.pair.n_ctx, opts.pair.gpu_layers,
+                )  # fmt: skip
+                files = [
+                    write_prompt(
+                        Path(prompt_dir.name) / f"prompt{i}.txt",
+                        chat_text(pair, [{"role": "user", "content": p.prompt}]) if p.chat else p.prompt,
+                    )
+                    for i, p in enumerate(plist)
+                ]
+                for setting in parse_settings(llama_cpp_settings, pair.draft_info is not None):
+                    outside[PREFIX + setting] = lambda i, n, setting=setting: llama.run(setting, files[i], n)
 
             def tokenize(p):
                 if p.chat:
@@ -106,7 +161,7 @@ def register(app: typer.Typer) -> None:
 
             result = run_bench(
                 pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress,
-                heads=pair.heads, eagle3=pair.eagle3,
+                heads=pair.heads, eagle3=pair.eagle3, outside=outside,
             )  # fmt: skip
             if cost.measured.get("disturbed"):
                 err.print(
@@ -123,6 +178,7 @@ def register(app: typer.Typer) -> None:
                 network = measure(pair, opts.pair).to_json()
         finally:
             pair.close()
+            prompt_dir.cleanup()
         result.meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "target": target_label,
@@ -162,6 +218,22 @@ def _summary_rows(result: BenchResult, data: dict):
                 yield cls, mode, s, " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8]) or "-"
 
 
+def _same_text(identical: bool | None) -> str:
+    return "-" if identical is None else "yes" if identical else "NO"  # None: another tool's, not compared
+
+
+def _against_rows(data: dict):
+    """(class, llama.cpp's best setting with its speedup, each mode's ratio to it), overall last."""
+    vs = data["against_llama_cpp"]
+    for cls in sorted(c for c in vs if c != "overall") + (["overall"] if "overall" in vs else []):
+        v = vs[cls]
+        best = f"{v['best'].removeprefix(PREFIX)} ({v['best_speedup']:.2f}x plain)"
+        yield cls, best, ", ".join(f"{m} {r:.2f}x" for m, r in v["ratio"].items())
+
+
+AGAINST_TITLE = "against llama.cpp's best setting per class (median over runs, geometric mean over prompts)"
+
+
 def to_markdown(result: BenchResult) -> str:
     data = result.to_json()
     out = [
@@ -175,7 +247,7 @@ def to_markdown(result: BenchResult) -> str:
         out.append(
             f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
             f"{s['speedup_ci95'][0]:.2f}-{s['speedup_ci95'][1]:.2f} | "
-            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {_by_source(s)} | {'yes' if s['identical_to_plain'] else 'NO'} |"
+            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {_by_source(s)} | {_same_text(s['identical_to_plain'])} |"
         )
     cm = data["cost_model"]
     out += ["", "Cost model (relative to one target token):", ""]
@@ -203,6 +275,15 @@ def to_markdown(result: BenchResult) -> str:
             else f"| {m} | {v['predicted']:.2f}x | - |"
         )
     out.append("")
+    if data["against_llama_cpp"]:
+        out += [
+            AGAINST_TITLE[0].upper() + AGAINST_TITLE[1:] + ":",
+            "",
+            "| class | llama.cpp's best | each mode against it |",
+            "|---|---|---|",
+        ]
+        out += [f"| {c} | {b} | {r} |" for c, b, r in _against_rows(data)]
+        out.append("")
     out.append(f"**Verdict:** {data['verdict']}")
     net = data["meta"].get("network")
     if net:
@@ -247,12 +328,21 @@ def tables(result: BenchResult):
     ceiling = data["cost_model"]["perfect_drafter_speedup"]
     notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
     net = [network_table(data["meta"]["network"])] if data["meta"].get("network") else []
+    against = []
+    if data["against_llama_cpp"]:
+        vs = Table(title=AGAINST_TITLE, title_justify="left")
+        for col in ("class", "llama.cpp's best", "each mode against it"):
+            vs.add_column(col)
+        for row in _against_rows(data):
+            vs.add_row(*row)
+        against = [vs]
     return [
         t,
         cost,
         *notes,
         Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"),
         pv,
+        *against,
         Text(f"verdict: {data['verdict']}", style="bold"),
         *net,
     ]
