@@ -392,6 +392,37 @@ def test_copy_rates_stored_from_edits_give_way_to_a_prose_replys_misses():
     assert plan() == 0
 
 
+def test_the_next_reply_in_a_session_gives_its_copies_the_weight_of_a_stored_run():
+    """In one process (a chat, the server, the bench), a reply after whole-file edits is another
+    text too: what the edits' copies did is its prior, worth what a stored run's is, so a few
+    copies broken at once stop it drafting them on a compute-bound target, as in a fresh run
+    (the bench's explanations right after its summaries had run 0.95x plain, their copies
+    drafted on the summaries' rates at full weight). Within the edits' own reply they count in
+    full: the same misses there do not stop the copies."""
+    prose = [1, 2, 3, 4, 5, 50, 51, 52, 1, 2]  # a 2-token match: "3, 4, 5" on offer
+    rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
+
+    def after_misses(new_reply: bool) -> int:
+        s = NgramSource()
+        s.begin(prose, lambda: True)
+        s.copy.bins = [Rate(499.0, 500.0) for _ in COPY_BINS]  # the edits' reply: every copy went on
+        if new_reply:
+            s.begin(prose, lambda: True)
+        chooser = Chooser({"ngram": s}, CostModel(dict(CPU_CURVE)))
+
+        def plan() -> int:
+            return chooser.choose({"ngram": s.prepare(prose, 16, 0)}, 0, np.random.default_rng(0)).k
+
+        assert plan() > 0  # what the edits taught carries over
+        for _ in range(4):  # the copy on offer breaks at once, round after round
+            plan()
+            s.observe(Outcome("none", Proposal(), 0, [999], False, rs))
+        return plan()
+
+    assert after_misses(new_reply=True) == 0
+    assert after_misses(new_reply=False) > 0
+
+
 def test_a_table_stored_under_another_draft_cap_still_counts():
     """Position j means the same whatever the cap: a run with a longer cap than the one that
     stored the table starts from what that run learned, and its new positions lean on the last

@@ -28,12 +28,13 @@ from .base import Outcome, Rate, RateTable
 
 COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
 # (0 and 1: a copy just past an edit the drafter learned)
-COPY_STORED_WEIGHT = 2.0  # copy rates an earlier run stored count as at most this many observations
-# (a draft model's stored rates, as much as base.STORED_WEIGHT): a stored rate foretells this
-# text's only as far as texts agree, and on copies they do not (a copy of 3 tokens goes on about
-# 0.9 of the time in a whole-file edit, 0.1-0.3 in chat: a spread a Beta prior matches at about
-# two observations), where a draft model's acceptance by its confidence is its own, whatever the
-# text (trades: a warm start, against a reply after edits drafting its chat on the edits' rates)
+COPY_STORED_WEIGHT = 2.0  # copy rates learned on another text (an earlier run's, stored, or an
+# earlier reply's in this one) count as at most this many observations (a draft model's stored
+# rates, as much as base.STORED_WEIGHT): they foretell this text's only as far as texts agree,
+# and on copies they do not (a copy of 3 tokens goes on about 0.9 of the time in a whole-file
+# edit, 0.1-0.3 in chat: a spread a Beta prior matches at about two observations), where a draft
+# model's acceptance by its confidence is its own, whatever the text (trades: a warm start,
+# against a reply after edits drafting its chat on the edits' rates)
 
 
 def copy_bin(length: int) -> int:
@@ -64,7 +65,11 @@ class NgramSource:
         self.before = 0  # the length of the sequence the copy on offer follows
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
+        """A new reply is a new text: what the copies did in the last one is a prior for this
+        one's, as a stored run's is (a summary's copied phrases say little of an explanation's)."""
         self.offer = Proposal()
+        self.copy.bins = [Rate.stored(r.hits, r.n, COPY_STORED_WEIGHT) for r in self.copy.bins]
+        self.line = Rate.stored(self.line.hits, self.line.n, COPY_STORED_WEIGHT)
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
