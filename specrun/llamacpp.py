@@ -55,7 +55,8 @@ def find_bin(given: Path | None = None) -> Path:
 
 def write_prompt(path: Path, text: str) -> Path:
     """The prompt file the tool reads as exactly ``text``: it drops one newline from the end of
-    a prompt file, and a chat prompt ends in one (ChatML's ``assistant\n``), so it gets one more."""
+    a prompt file, and a chat prompt ends in one (ChatML's ends with "assistant" and a newline),
+    so the file gets one more."""
     path.write_text(text + "\n", encoding="utf-8")
     return path
 
