@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from test_bench import PROMPTS, write_jsonl  # the bench tests' two prompts, one of code and one of chat
 from typer.testing import CliRunner
 
 from specrun.backend import LoadOptions, Model
@@ -23,11 +24,6 @@ from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
 from specrun.llamacpp import DRAFT_SETTINGS, NGRAM_SETTINGS, PREFIX, TOOL, LlamaCpp, find_bin, parse_settings, write_prompt
 from specrun.sampling import Sampler
 from specrun.stats import RunStats
-
-PROMPTS = [
-    {"class": "code", "prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n    return", "chat": False},
-    {"class": "chat", "prompt": "Tell me about the quick brown fox."},
-]
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +104,6 @@ def bench_argv(tiny, prompts: Path, *extra: str) -> list[str]:
     ]
 
 
-def write_prompts(path: Path) -> Path:
-    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
-    return path
-
-
 @pytest.mark.parametrize(
     "extra, code, words",
     [
@@ -122,7 +113,7 @@ def write_prompts(path: Path) -> Path:
     ],
 )
 def test_bench_says_what_is_wrong_with_the_comparison_in_one_line(tiny, tmp_path, capsys, extra, code, words):
-    prompts = write_prompts(tmp_path / "p.jsonl")
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     assert main(bench_argv(tiny, prompts, *[x.replace("{tmp}", str(tmp_path)) for x in extra])) == code
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
@@ -185,7 +176,7 @@ def test_the_real_tool_reads_the_same_prompt_tokens_and_is_rated(tiny, tool, tmp
     """The whole command on the tiny models, with the real llama-speculative-simple: each
     setting's row, drafts that its draft model made, the same prompt tokens as specrun's own
     (the chat template rendered once, for both), and the rating per class."""
-    prompts = write_prompts(tmp_path / "p.jsonl")
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     _register()
     argv = bench_argv(tiny, prompts, "--runs", "2", "-n", "12", "--draft", "hybrid", "--llama-cpp", "--llama-cpp-bin", str(tool), "--json")
     r = CliRunner().invoke(app, argv)
