@@ -4,6 +4,7 @@ Markdown report, and one-line errors with exit codes for bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -342,3 +343,29 @@ def test_no_mode_always_runs_first(tiny):
     firsts = [order[i][2] for i in range(0, 8, 2)]
     assert firsts == ["none", "model", "none", "model"]
     assert [list(m) for m in result.summaries().values()] == [["none", "model"]] * 3  # reported in the order given
+
+
+@pytest.mark.parametrize("cols", [80, 250])
+def test_the_tables_cut_no_number_or_name_in_a_terminal_of_any_width(tiny, tmp_path, cols):
+    """In a real terminal 80 columns wide the summary comes as two tables, every cell whole (a
+    cost model too wide for its table comes as a line that wraps); where one table fits, one."""
+    import os
+
+    from test_chat_pty import SPECRUN, Terminal
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
+    t = Terminal([str(SPECRUN), *bench_argv(tiny, prompts, "--draft", "model,ngram,hybrid")], env, cols=cols)
+    try:
+        assert t.wait() == 0, t.text[-3000:]
+    finally:
+        t.close()
+    out = t.text
+    assert "…" not in out, out[-4000:]
+    assert max(len(line) for line in out.splitlines()) <= cols
+    split = "specrun bench: speed" in out
+    assert split == ("specrun bench: acceptance" in out) == (cols == 80)
+    for cls in ("code", "chat", "overall"):
+        assert re.search(rf"^│ {cls} +│ hybrid +│ +\d+\.\d +│", out, re.M), cls  # a row with its tok/s whole
+    assert "measured cost model" in out  # a table where it fits, else a line

@@ -128,9 +128,10 @@ def register(app: typer.Typer) -> None:
         if pair.settings_for(dataclasses.replace(opts.settings, mode="hybrid")).mode != "hybrid":  # hybrid would be ngram here
             wanted = [m for m in wanted if draft_of[m] != "hybrid"] or ["ngram"]
         outside = {}
-        prompt_dir = tempfile.TemporaryDirectory(prefix="specrun-bench-")
+        prompt_dir = None  # llama.cpp's prompt files, only where it runs
         try:
             if tool is not None:
+                prompt_dir = tempfile.TemporaryDirectory(prefix="specrun-bench-")
                 llama = LlamaCpp(
                     tool, pair.target_info.path, pair.draft_info.path if pair.draft_info else None, opts.pair.threads,
                     opts.pair.n_ctx, opts.pair.gpu_layers,
@@ -178,7 +179,8 @@ def register(app: typer.Typer) -> None:
                 network = measure(pair, opts.pair).to_json()
         finally:
             pair.close()
-            prompt_dir.cleanup()
+            if prompt_dir is not None:
+                prompt_dir.cleanup()
         result.meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "target": target_label,
@@ -198,8 +200,9 @@ def register(app: typer.Typer) -> None:
         elif markdown:
             print(to_markdown(result))
         else:
-            for t in tables(result):
-                stdout().print(t)
+            out = stdout()
+            for t in tables(result, out.width):
+                out.print(t)
         return 0
 
 
@@ -293,37 +296,67 @@ def to_markdown(result: BenchResult) -> str:
     return "\n".join(out)
 
 
-def tables(result: BenchResult):
+SPEED_COLUMNS = ("tok/s", "± sd", "speedup", "95% interval")
+ACCEPT_COLUMNS = ("accept", "mean len", "by position", "by source")
+
+
+def tables(result: BenchResult, width: int | None = None):
+    """The bench's tables, for a console ``width`` columns wide (None: as wide as they need). Where
+    the summary does not fit in one table it comes as two (speed, then acceptance), and the cost
+    model as a line that wraps, so that no number or name is cut."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.text import Text
+
     data = result.to_json()
-    t = Table(title="specrun bench", title_justify="left")
-    for col in ("class", "mode", "tok/s", "± sd", "speedup", "95% interval", "accept", "mean len", "by position", "by source"):
-        t.add_column(col, justify="left" if col in ("class", "mode", "by position", "by source") else "right")
+    rows = []
     for cls, mode, s, pos in _summary_rows(result, data):
         lo, hi = s["speedup_ci95"]
-        t.add_row(
-            cls,
-            mode,
-            f"{s['tps_mean']:.1f}",
-            f"{s['tps_stdev']:.1f}",
-            f"{s['speedup']:.2f}x",
-            f"{lo:.2f}-{hi:.2f}",
-            f"{100 * s['acceptance_rate']:.0f}%",
-            f"{s['mean_accept_len']:.2f}",
-            pos,
-            _by_source(s),
-        )
+        cells = {
+            "tok/s": f"{s['tps_mean']:.1f}",
+            "± sd": f"{s['tps_stdev']:.1f}",
+            "speedup": f"{s['speedup']:.2f}x",
+            "95% interval": f"{lo:.2f}-{hi:.2f}",
+            "accept": f"{100 * s['acceptance_rate']:.0f}%",
+            "mean len": f"{s['mean_accept_len']:.2f}",
+            "by position": pos,
+            "by source": _by_source(s),
+        }
+        rows.append((cls, mode.replace(PREFIX, PREFIX + " "), cells))  # "llama.cpp: draft-simple@16" may wrap after the colon
+
+    def summary(title: str, columns: tuple[str, ...]) -> Table:
+        t = Table(title=title, title_justify="left")
+        for col in ("class", "mode", *columns):
+            left = col in ("class", "mode", "by position", "by source")
+            t.add_column(col, justify="left" if left else "right", no_wrap=col not in ("mode", "by position", "by source"))
+        for cls, mode, cells in rows:
+            t.add_row(cls, mode, *(cells[c] for c in columns))
+        return t
+
+    def fits(renderable) -> bool:
+        if width is None:
+            return True
+        console = Console(width=10_000)
+        return Measurement.get(console, console.options, renderable).minimum <= width  # wrapping what may wrap
+
+    whole = summary("specrun bench", SPEED_COLUMNS + ACCEPT_COLUMNS)
+    main = (
+        [whole] if fits(whole) else [summary("specrun bench: speed", SPEED_COLUMNS), summary("specrun bench: acceptance", ACCEPT_COLUMNS)]
+    )
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")
     for b in data["cost_model"]["verify_relative"]:
         cost.add_column(b, justify="right")
     cost.add_row("cost", *[f"{v:.2f}" for v in data["cost_model"]["verify_relative"].values()])
+    if not fits(cost):
+        pairs = "  ".join(f"{b}: {v:.2f}" for b, v in data["cost_model"]["verify_relative"].items())
+        cost = Text(f"measured cost model (x one target token), verify batch: {pairs}")
     pv = Table(title="predicted vs measured speedup", title_justify="left")
     pv.add_column("mode")
     pv.add_column("predicted", justify="right")
     pv.add_column("measured", justify="right")
     for m, v in data["predicted_vs_measured"].items():
         pv.add_row(m, f"{v['predicted']:.2f}x", f"{v['measured']:.2f}x" if v["measured"] is not None else "-")
-    from rich.text import Text
 
     ceiling = data["cost_model"]["perfect_drafter_speedup"]
     notes = [Text(f"ceiling (a perfect drafter): {ceiling:.2f}x plain")] if ceiling else []
@@ -337,7 +370,7 @@ def tables(result: BenchResult):
             vs.add_row(*row)
         against = [vs]
     return [
-        t,
+        *main,
         cost,
         *notes,
         Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"),
