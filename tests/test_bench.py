@@ -349,14 +349,10 @@ def test_no_mode_always_runs_first(tiny):
 def test_the_tables_cut_no_number_or_name_in_a_terminal_of_any_width(tiny, tmp_path, cols):
     """In a real terminal 80 columns wide the summary comes as two tables, every cell whole (a
     cost model too wide for its table comes as a line that wraps); where one table fits, one."""
-    import os
-
-    from test_chat_pty import SPECRUN, Terminal
+    from test_chat_pty import SPECRUN, Terminal, terminal_env
 
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
-    env["TERM"] = "xterm-256color"
-    t = Terminal([str(SPECRUN), *bench_argv(tiny, prompts, "--draft", "model,ngram,hybrid")], env, cols=cols)
+    t = Terminal([str(SPECRUN), *bench_argv(tiny, prompts, "--draft", "model,ngram,hybrid")], terminal_env(), cols=cols)
     try:
         assert t.wait() == 0, t.text[-3000:]
     finally:

@@ -110,13 +110,20 @@ class Terminal:
         os.close(self.fd)
 
 
+def terminal_env() -> dict[str, str]:
+    """This environment as a colour terminal of its own size would see it: nothing forcing or
+    removing colour, and no width or height but the pseudo-terminal's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
+    return env
+
+
 @pytest.fixture
 def spawn(tiny):
     terminals = []
 
     def start(*extra: str, draft: bool = True) -> Terminal:
-        env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")}
-        env["TERM"] = "xterm-256color"
+        env = terminal_env()
         argv = [str(SPECRUN), "chat", "-m", str(tiny["target"]), "-t", "1", "-c", "4096", *extra]
         if draft:
             argv += ["-d", str(tiny["draft-copy"])]
