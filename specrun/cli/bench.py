@@ -333,11 +333,10 @@ def tables(result: BenchResult, width: int | None = None):
             t.add_row(cls, mode, *(cells[c] for c in columns))
         return t
 
+    wide = Console(width=10_000)  # measures what a table needs, wrapping what may wrap
+
     def fits(renderable) -> bool:
-        if width is None:
-            return True
-        console = Console(width=10_000)
-        return Measurement.get(console, console.options, renderable).minimum <= width  # wrapping what may wrap
+        return width is None or Measurement.get(wide, wide.options, renderable).minimum <= width
 
     whole = summary("specrun bench", SPEED_COLUMNS + ACCEPT_COLUMNS)
     main = (
