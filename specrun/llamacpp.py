@@ -108,8 +108,9 @@ class LlamaCpp:
         """One generation of ``n`` tokens from the prompt in ``prompt_file``: the tool's own
         tokens per second, tokens drafted and accepted."""
         cmd = self.command(setting, prompt_file, n)
-        for _ in range(3):  # its log is written by a thread that a quick exit can cut short: a run of
-            # a few milliseconds now and then ends, exit 0, before its report; that run is repeated
+        for _ in range(10):  # its log is written by a thread that a quick exit can cut short: a run of
+            # a few milliseconds (a tiny model's) loses its report, exit 0, in 1 of 4-5 runs here (a demo
+            # model's run none of 12); that run is repeated
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=3600)
             except (OSError, subprocess.TimeoutExpired) as e:
