@@ -458,9 +458,11 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         stored = (e.get("sources") or {}).get("ngram")
         if stored:
             ngram = NgramSource()
-            ngram.copy.load(stored, keep=float("inf"))
-            rates = ngram.rates()
-            t.add_row("a copy goes on (by match length)", "  ".join(f"{n}: {rates[copy_bin(n)]:.0%}" for n in COPY_BINS[1::2]))
+            ngram.load(stored, keep=float("inf"))
+            for i, rates in enumerate(ngram.rates(), 1):  # the kinds of reply it keeps apart
+                t.add_row(
+                    f"a copy goes on, kind {i} (by match length)", "  ".join(f"{n}: {rates[copy_bin(n)]:.0%}" for n in COPY_BINS[1::2])
+                )
         if e.get("tie_rate") is not None:
             t.add_row("near-tie rate", f"{100 * e['tie_rate']:.1f}%")
         parts.append(t)

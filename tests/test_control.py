@@ -423,6 +423,67 @@ def test_the_next_reply_in_a_session_gives_its_copies_the_weight_of_a_stored_run
     assert after_misses(new_reply=False) > 0
 
 
+CONTEXT = list(range(1, 41))  # a reply's context: 40 tokens, none repeated
+
+
+def a_reply(s: NgramSource, copies: bool, rounds: int = 6) -> None:
+    """A reply through ``s``: each round's copy on offer goes on for 8 tokens (an edit), or
+    breaks at once (prose that happens to repeat two tokens)."""
+    rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
+    s.begin(CONTEXT, lambda: True)
+    seq = CONTEXT + [1, 2]
+    for i in range(rounds):
+        s.prepare(seq, 16, 100)
+        written = list(s.offer.tokens[:8]) if copies else [1000 + i, 1, 2]
+        s.observe(Outcome("none", Proposal(), 0, written, False, rs))
+        seq += written
+
+
+def test_replies_that_copy_and_replies_that_do_not_are_kept_as_two_kinds():
+    """From nothing stored, an edit's reply teaches the first kind; a prose reply after it,
+    which that kind foretells worse than an untaught one, starts the second; another edit
+    joins the first again, leaving the prose kind as it was."""
+    s = NgramSource()
+    a_reply(s, copies=True)
+    a_reply(s, copies=False)
+    assert all(r.n == 0 for r in s.kinds[1][0].bins)  # (the prose reply is still under way)
+    a_reply(s, copies=True)
+    s.begin(CONTEXT, lambda: True)
+    (edits, _), (prose, _) = s.kinds
+    assert min(edits.means()[copy_bin(8) :]) > 0.9
+    assert max(prose.means()[copy_bin(2) :]) < 0.3
+
+
+def test_one_copy_moves_every_length_bin_towards_the_kind_it_fits():
+    """With an edits' kind and a prose kind stored, a new reply drafts its first copy on the
+    mixture of both. One copy that goes on for four tokens makes the edits' kind the likely one,
+    and with it the rates of copies far longer than any this reply has seen; one that breaks at
+    once makes the prose kind likely. Pooled bin by bin, the first copy would have moved only the
+    bins it touched (match 2-6), and the chooser would draft a long copy late."""
+    stored = NgramSource()
+    a_reply(stored, copies=True)
+    a_reply(stored, copies=False)
+    seq = CONTEXT + [1, 2]  # a 2-token match: 3, 4, 5 ... on offer
+
+    def after(written: list[int]) -> tuple[float, int]:
+        s = NgramSource()
+        s.load(stored.to_json())
+        s.begin(CONTEXT, lambda: True)
+        rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
+        if written:
+            s.prepare(seq, 16, 100)
+            s.observe(Outcome("none", Proposal(), 0, written, False, rs))
+        long = s._rates([0] * 8, 32, 0)[0]  # a copy that has matched 32 tokens: none has yet
+        after = seq + written + CONTEXT[:30]  # then a long copy on offer
+        chooser = Chooser({"ngram": s}, CostModel(dict(CPU_CURVE)), draft_max=16)
+        k = chooser.choose({"ngram": s.prepare(after, 16, 100)}, 0, np.random.default_rng(0)).k
+        return long, k
+
+    (prior, k0), (went_on, k1), (broke, k2) = after([]), after([3, 4, 5, 6, 999]), after([999])
+    assert went_on > 0.85 and went_on > prior + 0.2 and broke < prior - 0.1
+    assert k1 > k0 >= k2
+
+
 def test_a_table_stored_under_another_draft_cap_still_counts():
     """Position j means the same whatever the cap: a run with a longer cap than the one that
     stored the table starts from what that run learned, and its new positions lean on the last

@@ -267,13 +267,28 @@ def test_what_the_sources_learned_round_trips_as_a_prior_and_damage_is_a_cold_st
     store.save("k", Learned(CostModel(dict(CPU)), {"ngram": s.to_json()}, 0.2))
     back = NgramSource()
     back.load(store.load("k").sources["ngram"])
-    assert back.copy.bins[copy_bin(32)].n == pytest.approx(COPY_STORED_WEIGHT)  # a prior, not the whole story
+    (taught, _), (untaught, _) = back.kinds  # the reply joined the first kind (both foretold it alike)
+    assert taught.bins[copy_bin(32)].n == pytest.approx(COPY_STORED_WEIGHT)  # a prior, not the whole story
+    assert all(r.n == 0 for r in untaught.bins)
     assert s.copy.bins[copy_bin(32)].n > 3 * COPY_STORED_WEIGHT
-    assert NgramSource().rates()[copy_bin(32)] + 0.2 < back.rates()[copy_bin(32)] <= s.rates()[copy_bin(32)]
-    for bad in ({"bins": [1, 2]}, {"bins": "x"}, {}, {"bins": s.to_json()["bins"], "hits": [5.0] * 12, "n": [1.0] * 12}):
+    assert NgramSource().rates()[0][copy_bin(32)] + 0.2 < back.rates()[0][copy_bin(32)] <= s.rates()[0][copy_bin(32)]
+    older = {"bins": s.to_json()["bins"], **s.copy.to_json(), "line": [3.0, 4.0]}  # an older specrun's pooled rates
+    fresh = NgramSource()
+    fresh.load(older)
+    assert fresh.rates()[0] == back.rates()[0] and fresh.kinds[0][1].n == pytest.approx(COPY_STORED_WEIGHT)
+    kinds = s.to_json()["kinds"]
+    for bad in (
+        {"bins": [1, 2]},
+        {"bins": "x"},
+        {},
+        {"bins": s.to_json()["bins"], "hits": [5.0] * 12, "n": [1.0] * 12},
+        {"bins": s.to_json()["bins"], "kinds": [{"hits": [5.0] * 12, "n": [1.0] * 12, "line": [5.0, 1.0]}, "x"]},
+        {"bins": s.to_json()["bins"], "kinds": "x", "hits": [1.0], "n": []},
+    ):
         fresh = NgramSource()
         fresh.load(bad)
-        assert all(r.n == 0 for r in fresh.copy.bins)
+        assert all(r.n == 0 for table, line in fresh.kinds for r in [*table.bins, line])
+    assert len(kinds) == 2 and kinds[1]["n"] == [0.0] * 12
     (tmp_path / "costs.json").write_text('{"version": 2, "entries": {"k": {}}}')  # an older specrun's file
     assert store.load("k") is None
 
@@ -290,7 +305,9 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
     assert first.returncode == 0, first.stderr
     stored = CostStore(cache / "costs.json").entries()
     ((key, entry),) = stored.items()
-    assert sum(entry["sources"]["ngram"]["n"]) > 0  # (its curve is stored too, unless the machine was busy: see above)
+    assert (
+        sum(sum(k["n"]) for k in entry["sources"]["ngram"]["kinds"]) > 0
+    )  # (its curve is stored too, unless the machine was busy: see above)
     # a second process on the same pair: open_engine starts from those statistics
     from specrun.session import PairConfig, open_engine, open_pair
 
@@ -299,7 +316,8 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
         assert pair.cost_key == key
         e = open_engine(pair, Settings("ngram"), Sampler(0.0), CostStore(cache / "costs.json"))
         ngram = e.sources["ngram"]
-        assert [r.n for r in ngram.copy.bins] == pytest.approx([min(t, COPY_STORED_WEIGHT) for t in entry["sources"]["ngram"]["n"]])
+        for (table, _), k in zip(ngram.kinds, entry["sources"]["ngram"]["kinds"]):
+            assert [r.n for r in table.bins] == pytest.approx([min(t, COPY_STORED_WEIGHT) for t in k["n"]])
         assert ngram.rates() != NgramSource().rates()
     finally:
         pair.close()

@@ -12,6 +12,14 @@ copies it would have offered along the rest of a long round another source draft
 learn from every token, and a copy that starts to pay is taken up at once. A copy ends
 where its source's turn ended (a file quoted in the prompt is followed by the end of the user's
 turn): the target stops there too, so nothing past that token could ever be kept.
+
+Texts disagree on copies (a copy of 3 tokens goes on about 0.9 of the time in a whole-file edit,
+0.1-0.3 in chat), so what earlier replies taught is kept as two kinds, not pooled: the prior of a
+new reply's copy rates is a mixture of the two, each weighted by how well it foretold the
+reply's copies so far (Bayes' rule on a mixture of Beta priors). One copy that goes on or
+breaks moves every length bin towards the kind it fits, where a pooled prior would learn bin by
+bin. A reply ends in the kind that foretold it best, so kinds form as replies come: a reply
+that the first kind foretells worse than an untaught one starts the second.
 """
 
 from __future__ import annotations
@@ -24,17 +32,18 @@ import numpy as np
 
 from ..drafters import Proposal
 from ..sampling import Dist
-from .base import Outcome, Rate, RateTable
+from .base import DECAY, Outcome, Rate, RateTable
 
 COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
 # (0 and 1: a copy just past an edit the drafter learned)
-COPY_STORED_WEIGHT = 2.0  # copy rates learned on another text (an earlier run's, stored, or an
-# earlier reply's in this one) count as at most this many observations (a draft model's stored
-# rates, as much as base.STORED_WEIGHT): they foretell this text's only as far as texts agree,
-# and on copies they do not (a copy of 3 tokens goes on about 0.9 of the time in a whole-file
-# edit, 0.1-0.3 in chat: a spread a Beta prior matches at about two observations), where a draft
-# model's acceptance by its confidence is its own, whatever the text (trades: a warm start,
-# against a reply after edits drafting its chat on the edits' rates)
+COPY_KINDS = 2  # kinds of text earlier replies are kept as: in practice, those that copy their
+# context (edits, summaries) and those that do not (trades: a reply's prior from texts like it,
+# against learning more kinds from fewer replies each)
+COPY_STORED_WEIGHT = 2.0  # a kind's copy rates count as at most this many observations per bin
+# (a draft model's stored rates, as much as base.STORED_WEIGHT): texts of one kind still differ
+# (a summary's copies are phrases, an edit's whole lines), where a draft model's acceptance by its
+# confidence is its own, whatever the text (trades: a warm start, against a reply drafting on
+# another text's rates; at 8, the first summary after the edits ran 1.3x plain, not 1.7x)
 
 
 def copy_bin(length: int) -> int:
@@ -56,8 +65,10 @@ class NgramSource:
         """``ends_line(token)``: does the token's text hold a line break? (None: lines unknown);
         ``ends_turn(token)``: does the target stop generating at it? (None: never)"""
         self.drafter = NgramDrafter(n_min, n_max)
-        self.copy = RateTable(len(COPY_BINS))  # a copy goes on, inside a line, by its length
+        self.copy = RateTable(len(COPY_BINS))  # this reply's: a copy goes on, inside a line, by its length
         self.line = Rate()  # ... and at the start of a new line
+        self.kinds = [(RateTable(len(COPY_BINS)), Rate()) for _ in range(COPY_KINDS)]  # earlier replies', as priors
+        self.fit = [0.0] * COPY_KINDS  # the log-likelihood of this reply's copies under each kind
         self.ends_line = lru_cache(maxsize=None)(ends_line) if ends_line is not None else (lambda t: False)
         self.ends_turn = ends_turn if ends_turn is not None else (lambda t: False)
         self.offer = Proposal()
@@ -65,11 +76,39 @@ class NgramSource:
         self.before = 0  # the length of the sequence the copy on offer follows
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        """A new reply is a new text: what the copies did in the last one is a prior for this
-        one's, as a stored run's is (a summary's copied phrases say little of an explanation's)."""
+        """A new reply is a new text: the last one joins the kind that foretold it, as a prior
+        for this one's copies (a summary's copied phrases say little of an explanation's)."""
         self.offer = Proposal()
-        self.copy.bins = [Rate.stored(r.hits, r.n, COPY_STORED_WEIGHT) for r in self.copy.bins]
-        self.line = Rate.stored(self.line.hits, self.line.n, COPY_STORED_WEIGHT)
+        self.kinds = self._folded()
+        self.copy, self.line, self.fit = RateTable(len(COPY_BINS)), Rate(), [0.0] * COPY_KINDS
+
+    def _folded(self) -> list[tuple[RateTable, Rate]]:
+        """The kinds once this reply's copies join the one that foretold them best."""
+        if not any(r.n for r in [*self.copy.bins, self.line]):
+            return self.kinds
+        best = max(range(COPY_KINDS), key=lambda k: self.fit[k])  # (a tie: the first)
+        out = []
+        for k, (table, line) in enumerate(self.kinds):
+            if k == best:
+                table, line = self._with_reply(table, line, COPY_STORED_WEIGHT)
+            out.append((table, line))
+        return out
+
+    def _with_reply(self, table: RateTable, line: Rate, keep: float = float("inf")) -> tuple[RateTable, Rate]:
+        """A kind's counts and this reply's together, worth at most ``keep`` observations a bin."""
+        out = RateTable(len(COPY_BINS))
+        out.bins = [Rate.stored(a.hits + b.hits, a.n + b.n, keep) for a, b in zip(table.bins, self.copy.bins)]
+        return out, Rate.stored(line.hits + self.line.hits, line.n + self.line.n, keep)
+
+    def _posterior(self) -> list[tuple[float, list[float], Rate]]:
+        """Each kind's weight given this reply's copies so far, and its rates with them."""
+        top = max(self.fit)
+        w = [float(np.exp(f - top)) for f in self.fit]
+        out = []
+        for wk, kind in zip(w, self.kinds):
+            table, line = self._with_reply(*kind)
+            out.append((wk / sum(w), table.means(), line))
+        return out
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
@@ -89,11 +128,13 @@ class NgramSource:
         return self._rates(self.offer.tokens[:k], self.offer.match, self.last)
 
     def _rates(self, copy: Sequence[int], match: int, last: int) -> list[float]:
-        """a_j for a copy that has matched ``match`` tokens, after ``last``."""
-        rates, out = self.copy.means(), []
+        """a_j for a copy that has matched ``match`` tokens, after ``last``: each kind's, by its
+        weight."""
+        kinds = self._posterior()
+        out = []
         for j, before in enumerate([last, *copy][: len(copy)]):  # the token before each
-            a = rates[copy_bin(match + j)]
-            out.append(self.line.mean(a) if self.ends_line(before) else a)
+            b, starts_line = copy_bin(match + j), self.ends_line(before)
+            out.append(sum(w * _goes_on(rates, line, b, starts_line) for w, rates, line in kinds))
         return out
 
     def peek(self, seq: list[int], room: int) -> list[float]:
@@ -103,9 +144,9 @@ class NgramSource:
         copy = self.drafter.span(seq, src, room) if match else []
         return self._rates(copy[: self._to_turn_end(copy)], match, seq[-1])
 
-    def rates(self) -> list[float]:
-        """The mean rate by copy-length bin (for `specrun costs`)."""
-        return self.copy.means()
+    def rates(self) -> list[list[float]]:
+        """Each kind's mean rate by copy-length bin, with this reply's copies (for `specrun costs`)."""
+        return [rates for _, rates, _ in self._posterior()]
 
     def cost(self, k: int) -> float:
         return 0.0
@@ -123,10 +164,12 @@ class NgramSource:
         have drafted them: copy rates learn from every token written, however it was drafted."""
         self.copy.decay()
         self.line.decay()
+        self.fit = [f * DECAY for f in self.fit]
+        kinds = self._posterior()  # each kind as the round began
         written, p = outcome.emitted, 0
         copy, match, last = self.offer.tokens, self.offer.match, self.last
         while p < len(written):
-            p += self._score(copy, match, last, written[p:]) if copy else 1  # no copy: a plain step
+            p += self._score(copy, match, last, written[p:], kinds) if copy else 1  # no copy: a plain step
             if p >= len(written) or len(self.drafter.seen) != self.before:  # the lookup did not index it
                 break
             seq = self.drafter.seen + written[:p]
@@ -134,12 +177,18 @@ class NgramSource:
             copy = self.drafter.span(seq, src, len(written) - p) if match else []
             copy, last = copy[: self._to_turn_end(copy)], seq[-1]
 
-    def _score(self, copy: Sequence[int], match: int, last: int, written: Sequence[int]) -> int:
-        """Score a copy against what was written, up to its first miss; the tokens a copy round
-        would have written (its accepted tokens and the target's own)."""
+    def _score(
+        self, copy: Sequence[int], match: int, last: int, written: Sequence[int], kinds: list[tuple[float, list[float], Rate]]
+    ) -> int:
+        """Score a copy against what was written, up to its first miss, and each kind by how
+        likely it found that; the tokens a copy round would have written (its accepted tokens
+        and the target's own)."""
         for j, (x, y) in enumerate(zip(copy, written)):
-            starts_line = self.ends_line(copy[j - 1] if j else last)
-            (self.line if starts_line else self.copy.bins[copy_bin(match + j)]).add(x == y)
+            b, starts_line = copy_bin(match + j), self.ends_line(copy[j - 1] if j else last)
+            for k, (_, rates, line) in enumerate(kinds):
+                a = min(max(_goes_on(rates, line, b, starts_line), 1e-3), 1.0 - 1e-3)
+                self.fit[k] += float(np.log(a if x == y else 1.0 - a))
+            (self.line if starts_line else self.copy.bins[b]).add(x == y)
             if x != y:
                 return j + 1
         return min(len(copy), len(written)) + 1
@@ -148,14 +197,28 @@ class NgramSource:
         pass  # the lookup rebuilds itself from the sequence
 
     def to_json(self) -> dict:
-        return {"bins": list(COPY_BINS), **self.copy.to_json(), "line": [round(self.line.hits, 3), round(self.line.n, 3)]}
+        """The kinds, this reply's copies in the one that foretold them."""
+        kinds = [{**t.to_json(), "line": [round(line.hits, 3), round(line.n, 3)]} for t, line in self._folded()]
+        return {"bins": list(COPY_BINS), "kinds": kinds}
 
-    def load(self, d: dict) -> None:
-        if isinstance(d, dict) and list(d.get("bins", ())) == list(COPY_BINS):
-            self.copy.load(d, COPY_STORED_WEIGHT)
-            line = d.get("line")
-            if isinstance(line, list) and len(line) == 2 and all(isinstance(x, (int, float)) for x in line) and 0 <= line[0] <= line[1]:
-                self.line = Rate.stored(line[0], line[1], COPY_STORED_WEIGHT)
+    def load(self, d: dict, keep: float = COPY_STORED_WEIGHT) -> None:
+        """Stored kinds as priors worth at most ``keep`` observations a bin (an older store's
+        pooled rates: the first kind); anything malformed is left out."""
+        if not isinstance(d, dict) or list(d.get("bins", ())) != list(COPY_BINS):
+            return
+        kinds = d.get("kinds")
+        for (table, line), k in zip(self.kinds, kinds if isinstance(kinds, list) else [d]):
+            table.load(k, keep)
+            v = k.get("line") if isinstance(k, dict) else None
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1]:
+                stored = Rate.stored(v[0], v[1], keep)
+                line.hits, line.n = stored.hits, stored.n
+
+
+def _goes_on(rates: list[float], line: Rate, b: int, starts_line: bool) -> float:
+    """The chance a copy goes on in length bin ``b``: at a line's start, the line rate (with the
+    bin's as its prior)."""
+    return line.mean(rates[b]) if starts_line else rates[b]
 
 
 class NgramDrafter:
