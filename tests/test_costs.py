@@ -368,6 +368,9 @@ def test_costs_command_shows_and_resets(tiny, tmp_path):
     shown = cli(["costs", "--json"], cache, tmp_path)
     data = json.loads(shown.stdout)
     assert len(data["entries"]) == 1 and "target.gguf" in next(iter(data["entries"]))
+    kinds = next(iter(data["entries"].values()))["sources"]["ngram"]["kinds"]
+    table = cli(["costs"], cache, tmp_path).stdout  # one reply has taught one kind: only its row shows
+    assert sum(any(k["n"]) for k in kinds) == 1 and "kind 1" in table and "kind 2" not in table
     assert cli(["costs", "--reset", "--key", "nope"], cache, tmp_path).returncode == 0
     assert len(CostStore(cache / "costs.json").entries()) == 1
     assert cli(["costs", "--reset"], cache, tmp_path).returncode == 0
