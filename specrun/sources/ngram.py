@@ -87,11 +87,8 @@ class NgramSource:
         if not any(r.n for r in [*self.copy.bins, self.line]):
             return self.kinds
         best = max(range(COPY_KINDS), key=lambda k: self.fit[k])  # (a tie: the first)
-        out = []
-        for k, (table, line) in enumerate(self.kinds):
-            if k == best:
-                table, line = self._with_reply(table, line, COPY_STORED_WEIGHT)
-            out.append((table, line))
+        out = list(self.kinds)
+        out[best] = self._with_reply(*out[best], COPY_STORED_WEIGHT)
         return out
 
     def _with_reply(self, table: RateTable, line: Rate, keep: float = float("inf")) -> tuple[RateTable, Rate]:
@@ -207,12 +204,13 @@ class NgramSource:
         if not isinstance(d, dict) or list(d.get("bins", ())) != list(COPY_BINS):
             return
         kinds = d.get("kinds")
-        for (table, line), k in zip(self.kinds, kinds if isinstance(kinds, list) else [d]):
+        for i, k in enumerate((kinds if isinstance(kinds, list) else [d])[:COPY_KINDS]):
+            table, line = self.kinds[i]
             table.load(k, keep)
             v = k.get("line") if isinstance(k, dict) else None
             if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1]:
-                stored = Rate.stored(v[0], v[1], keep)
-                line.hits, line.n = stored.hits, stored.n
+                line = Rate.stored(v[0], v[1], keep)
+            self.kinds[i] = (table, line)
 
 
 def _goes_on(rates: list[float], line: Rate, b: int, starts_line: bool) -> float:
