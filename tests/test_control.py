@@ -484,6 +484,21 @@ def test_one_copy_moves_every_length_bin_towards_the_kind_it_fits():
     assert k1 > k0 >= k2
 
 
+def test_a_kind_no_reply_has_taught_prices_no_copy():
+    """From a store that has seen only edits, a new reply's first long copy is priced as the
+    edits foretold it, not halved towards an untaught kind's flat 50%; the untaught kind still
+    keeps its fit, so the first reply the edits foretell worse starts it (the kinds test)."""
+    stored = NgramSource()
+    a_reply(stored, copies=True)
+    s = NgramSource()
+    s.load(stored.to_json())
+    s.begin(CONTEXT, lambda: True)
+    edits, untaught = s.rates()
+    long = s._rates([0] * 8, 32, 0)
+    assert long == pytest.approx([edits[copy_bin(32 + j)] for j in range(8)])
+    assert long[0] > untaught[copy_bin(32)] + 0.3
+
+
 def test_a_table_stored_under_another_draft_cap_still_counts():
     """Position j means the same whatever the cap: a run with a longer cap than the one that
     stored the table starts from what that run learned, and its new positions lean on the last

@@ -98,9 +98,14 @@ class NgramSource:
         return out, Rate.stored(line.hits + self.line.hits, line.n + self.line.n, keep)
 
     def _posterior(self) -> list[tuple[float, list[float], Rate]]:
-        """Each kind's weight given this reply's copies so far, and its rates with them."""
-        top = max(self.fit)
-        w = [float(np.exp(f - top)) for f in self.fit]
+        """Each kind's weight given this reply's copies so far, and its rates with them. A kind
+        no reply has taught has no rates to price a copy by (its flat prior would halve every
+        copy's chance to go on at a reply's start): it prices nothing until a reply joins it,
+        though its fit is kept, as the place a reply that the taught kinds foretell worse goes."""
+        taught = [any(r.n for r in [*table.bins, line]) for table, line in self.kinds]
+        taught = taught if any(taught) else [True] * COPY_KINDS
+        top = max(f for f, t in zip(self.fit, taught) if t)
+        w = [float(np.exp(f - top)) if t else 0.0 for f, t in zip(self.fit, taught)]
         out = []
         for wk, kind in zip(w, self.kinds):
             table, line = self._with_reply(*kind)
