@@ -84,7 +84,7 @@ class NgramSource:
 
     def _folded(self) -> list[tuple[RateTable, Rate]]:
         """The kinds once this reply's copies join the one that foretold them best."""
-        if not any(r.n for r in [*self.copy.bins, self.line]):
+        if not _taught(self.copy, self.line):
             return self.kinds
         best = max(range(COPY_KINDS), key=lambda k: self.fit[k])  # (a tie: the first)
         out = list(self.kinds)
@@ -102,7 +102,7 @@ class NgramSource:
         no reply has taught has no rates to price a copy by (its flat prior would halve every
         copy's chance to go on at a reply's start): it prices nothing until a reply joins it,
         though its fit is kept, as the place a reply that the taught kinds foretell worse goes."""
-        taught = [any(r.n for r in [*table.bins, line]) for table, line in self.kinds]
+        taught = self.taught()
         taught = taught if any(taught) else [True] * COPY_KINDS
         top = max(f for f, t in zip(self.fit, taught) if t)
         w = [float(np.exp(f - top)) if t else 0.0 for f, t in zip(self.fit, taught)]
@@ -111,6 +111,10 @@ class NgramSource:
             table, line = self._with_reply(*kind)
             out.append((wk / sum(w), table.means(), line))
         return out
+
+    def taught(self) -> list[bool]:
+        """Which kinds a reply has taught."""
+        return [_taught(table, line) for table, line in self.kinds]
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
@@ -216,6 +220,11 @@ class NgramSource:
             if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1]:
                 line = Rate.stored(v[0], v[1], keep)
             self.kinds[i] = (table, line)
+
+
+def _taught(table: RateTable, line: Rate) -> bool:
+    """Has anything been counted in these copy rates?"""
+    return any(r.n for r in [*table.bins, line])
 
 
 def _goes_on(rates: list[float], line: Rate, b: int, starts_line: bool) -> float:
