@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrun.gguf_header import GGUFHeader, TensorInfo
-from specrun.memory import Gpu, GpuQuery
-from specrun.modelinfo import ModelInfo, model_info
+from specrun.fit.memory import Gpu, GpuQuery
+from specrun.gguf.facts import ModelInfo, model_info
+from specrun.gguf.header import GGUFHeader, TensorInfo
 
 GiB = 1 << 30
 

@@ -8,10 +8,10 @@ from collections import Counter
 
 import numpy as np
 
-from specrun.backend import Model
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.sampling import Sampler
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.llama import Model
 
 # every head's exactness runs: 64 tokens of each of three prompts (prose, code, Japanese)
 PROMPTS = [
@@ -81,7 +81,7 @@ def long_prompt_in_step(target: Model, settings: Settings, check) -> None:
 
 def hybrid_weighs_the_heads(target: Model, name: str, k: int, plain: dict[str, list[int]]) -> None:
     """The default mode with heads and no draft model: the n-gram lookup and the heads, chosen
-    by the controller; exact either way, and where verifying is dear the heads draft."""
+    by the chooser; exact either way, and where verifying is dear the heads draft."""
     used: Counter = Counter()
     for prompt in PROMPTS:
         engines: list[Engine] = []

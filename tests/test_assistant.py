@@ -18,12 +18,12 @@ import pytest
 from heads_run import N_TOKENS, PROMPTS
 from tiny_gemma4 import N_EMBD, build_gemma4
 
-from specrun.backend import Gemma4Assistant, LoadOptions, Model
 from specrun.cli.main import main
-from specrun.engine import Settings
+from specrun.decode.engine import Settings
 from specrun.errors import EXIT_FAIL, EXIT_USAGE
-from specrun.heads import HeadFile, head_file_of, heads_of
-from specrun.modelinfo import model_info
+from specrun.gguf.facts import model_info
+from specrun.gguf.heads import HeadFile, head_file_of, heads_of
+from specrun.llama import Gemma4Assistant, LoadOptions, Model
 
 K = 6
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specrun.backend import LoadOptions, Model
-from specrun.bench import BenchPrompt, load_prompts, run_bench
+from specrun.bench.runner import BenchPrompt, load_prompts, run_bench
 from specrun.cli.main import _register, app, main
-from specrun.costs import CostModel
-from specrun.engine import Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
 from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError
-from specrun.sampling import Sampler
+from specrun.llama import LoadOptions, Model
 
 MODES = ["none", "model", "ngram", "hybrid"]
 MODE_KEYS = {
@@ -41,7 +41,7 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 def bench_argv(tiny, prompts: Path, *extra: str) -> list[str]:
-    # --fixed: always draft (the adaptive controller may rightly decide a CPU run is better off
+    # --fixed: always draft (the adaptive chooser may rightly decide a CPU run is better off
     # without drafting, and then there is no acceptance to check); --tie-margin 0: no near-tie
     # deferrals, so a copy of the target has every draft accepted
     return [
@@ -310,7 +310,7 @@ def test_builtin_prompts_load():
 
 
 def test_the_interval_covers_the_class_mean_and_shrinks_with_agreement():
-    from specrun.bench import ci95, geomean
+    from specrun.bench.runner import ci95, geomean
 
     spread = [0.9, 1.1, 1.3, 1.0, 1.2]
     lo, hi = ci95(spread)

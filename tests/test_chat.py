@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 from tiny_models import bpe_vocab, make_weights, write_model
 
-from specrun.backend import LoadOptions, Model
-from specrun.chat import ChatSession
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
 from specrun.errors import InputError, PromptTooLong
-from specrun.learned import Learned
-from specrun.modelinfo import model_info
-from specrun.sampling import Sampler
-from specrun.template import ChatTemplate, TemplateError, plain_format
+from specrun.gguf.facts import model_info
+from specrun.llama import LoadOptions, Model
+from specrun.run.chat import ChatSession
+from specrun.run.template import ChatTemplate, TemplateError, plain_format
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 ANSI = re.compile(r"\x1b[\[\]()]")
-# verifying is nearly free: the controller drafts, so the KV reuse is tested with drafting on
+# verifying is nearly free: the chooser drafts, so the KV reuse is tested with drafting on
 FLAT = {b: 0.001 * (1 + 0.01 * b) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)}
 
 
@@ -317,8 +317,8 @@ def test_ctrl_c_before_the_first_round_stops_only_that_reply(tiny, monkeypatch, 
     from rich.console import Console
 
     from specrun.cli.chat import Repl
-    from specrun.config import PairConfig
-    from specrun.session import open_pair
+    from specrun.run.config import PairConfig
+    from specrun.run.session import open_pair
 
     pair = open_pair(tiny["target"], None, PairConfig(512, 0, None, 1, False))
     try:

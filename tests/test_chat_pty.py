@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from specrun.backend import LoadOptions, Model
-from specrun.chat import ChatSession
-from specrun.engine import Engine, Settings
-from specrun.modelinfo import model_info
-from specrun.sampling import Sampler
-from specrun.template import ChatTemplate
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.gguf.facts import model_info
+from specrun.llama import LoadOptions, Model
+from specrun.run.chat import ChatSession
+from specrun.run.template import ChatTemplate
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 # CSI and OSC sequences, charset and keypad switches: what a terminal would interpret

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrun.control import Chooser
-from specrun.costs import CostModel
-from specrun.drafters import Proposal
-from specrun.sources.base import STORED_WEIGHT, Outcome, Rate, RateTable
-from specrun.sources.ngram import COPY_BINS, NgramSource, copy_bin
-from specrun.stats import RoundStats, RunStats
+from specrun.decode.chooser import Chooser
+from specrun.decode.costs import CostModel
+from specrun.decode.round import Proposal, Round
+from specrun.decode.sources.base import STORED_WEIGHT, Rate, RateTable
+from specrun.decode.sources.ngram import COPY_BINS, NgramSource, copy_bin
+from specrun.decode.stats import RoundStats, RunStats
 
 # this CPU, from llama-bench: verify throughput (tok/s) by batch size, target at 30 tok/s
 CPU_TPS = {1: 30, 2: 40, 3: 47, 4: 50, 5: 52, 8: 50, 12: 58, 16: 84, 24: 81, 32: 94, 64: 105}
@@ -45,7 +45,7 @@ class Arm:
     def peek(self, seq, room):
         return []
 
-    def observe(self, o: Outcome):
+    def observe(self, o: Round):
         self.positions.decay()
         if o.source == self.name:
             for i in range(min(len(o.proposal.tokens), o.accepted + 1)):
@@ -77,7 +77,7 @@ def simulate(curve, arms: list[Arm], rounds=400, seed=0, left=10_000, cost: Cost
             n += 1
         cost.observe_verify(plan.k + 1, truth.verify_cost(plan.k + 1))
         rs = RoundStats(plan.source, plan.k, n, n + 1, plan.k * (arm.d if arm else 0), 0.0, 0.0)
-        o = Outcome(plan.source, Proposal([1] * plan.k), n, [1] * (n + 1), False, rs)
+        o = Round(plan.source, Proposal([1] * plan.k), n, [1] * (n + 1), False, rs)
         for a in arms:
             a.observe(o)
         chosen.append((plan.source, plan.k))
@@ -260,12 +260,12 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     written = list(s.offer.tokens[:4])
     rs = RoundStats("none", 0, 0, len(written), 0.0, 0.0, 0.0)
     for _ in range(20):  # the copy is what the target writes, drafted or not
-        s.observe(Outcome("none", Proposal(), 0, written, False, rs))
+        s.observe(Round("none", Proposal(), 0, written, False, rs))
     after = s.acceptance(4, None, 0.0)
     assert all(a > b for a, b in zip(after, before))
     # a copy that breaks at once pulls its bin down
     for _ in range(40):
-        s.observe(Outcome("none", Proposal(), 0, [999], False, rs))
+        s.observe(Round("none", Proposal(), 0, [999], False, rs))
     assert s.acceptance(1, None, 0.0)[0] < before[0]
 
 
@@ -303,7 +303,7 @@ def test_copy_rates_learn_from_every_token_written_however_it_was_drafted():
     assert max(s.copy.means()) < 0.4
     written = seq[:30]  # the round writes the context's start again
     rs = RoundStats("model", 29, 29, 30, 0.0, 0.0, 0.0)
-    s.observe(Outcome("model", Proposal(written[:-1]), 29, written, False, rs))
+    s.observe(Round("model", Proposal(written[:-1]), 29, written, False, rs))
     assert min(s.copy.means()[copy_bin(4) : copy_bin(16) + 1]) > 0.5
 
 
@@ -317,7 +317,7 @@ def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
     s.prepare(seq[:25], 16, 100)
     rs = RoundStats("none", 0, 0, 0, 0.0, 0.0, 0.0)
     for hit in [True, False] * 3:  # a few copies, half of them broken at once: rates unsure
-        s.observe(Outcome("none", Proposal(), 0, list(s.offer.tokens[:3]) if hit else [999], False, rs))
+        s.observe(Round("none", Proposal(), 0, list(s.offer.tokens[:3]) if hit else [999], False, rs))
     cap = len(s.offer)
     at_end = s.acceptance(cap, None, 0.0)
     assert 0.2 < at_end[0] < 0.8
@@ -336,7 +336,7 @@ def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
     assert s.offer.tokens[:3] == [3, newline, 5]
     rs = RoundStats("none", 0, 0, 0, 0.0, 0.0, 0.0)
     for _ in range(30):  # the target ends the line, then writes an inserted one, not the source's next
-        s.observe(Outcome("none", Proposal(), 0, [3, newline, 99], False, rs))
+        s.observe(Round("none", Proposal(), 0, [3, newline, 99], False, rs))
     a = s.acceptance(4, None, 0.0)
     assert min(a[:2]) > 0.8  # inside the line, and its line break itself
     assert a[2] < 0.3  # the first token of the next line
@@ -388,7 +388,7 @@ def test_copy_rates_stored_from_edits_give_way_to_a_prose_replys_misses():
     rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
     for _ in range(4):  # the copy on offer breaks at once, round after round
         plan()
-        reply.observe(Outcome("none", Proposal(), 0, [999], False, rs))
+        reply.observe(Round("none", Proposal(), 0, [999], False, rs))
     assert plan() == 0
 
 
@@ -416,7 +416,7 @@ def test_the_next_reply_in_a_session_gives_its_copies_the_weight_of_a_stored_run
         assert plan() > 0  # what the edits taught carries over
         for _ in range(4):  # the copy on offer breaks at once, round after round
             plan()
-            s.observe(Outcome("none", Proposal(), 0, [999], False, rs))
+            s.observe(Round("none", Proposal(), 0, [999], False, rs))
         return plan()
 
     assert after_misses(new_reply=True) == 0
@@ -435,7 +435,7 @@ def a_reply(s: NgramSource, copies: bool, rounds: int = 6) -> None:
     for i in range(rounds):
         s.prepare(seq, 16, 100)
         written = list(s.offer.tokens[:8]) if copies else [1000 + i, 1, 2]
-        s.observe(Outcome("none", Proposal(), 0, written, False, rs))
+        s.observe(Round("none", Proposal(), 0, written, False, rs))
         seq += written
 
 
@@ -472,7 +472,7 @@ def test_one_copy_moves_every_length_bin_towards_the_kind_it_fits():
         rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
         if written:
             s.prepare(seq, 16, 100)
-            s.observe(Outcome("none", Proposal(), 0, written, False, rs))
+            s.observe(Round("none", Proposal(), 0, written, False, rs))
         long = s._rates([0] * 8, 32, 0)[0]  # a copy that has matched 32 tokens: none has yet
         after = seq + written + CONTEXT[:30]  # then a long copy on offer
         chooser = Chooser({"ngram": s}, CostModel(dict(CPU_CURVE)), draft_max=16)
@@ -607,7 +607,7 @@ def test_the_replys_pace_is_what_its_rounds_were_expected_to_make_not_what_they_
             t = cost.verify_cost(plan.k + 1) + arm.cost(plan.k)
             chooser.observe_round(plan, t)
             rs = RoundStats(plan.source, plan.k, plan.k, plan.k + 1, arm.cost(plan.k), 0.0, 0.0)
-            arm.observe(Outcome(plan.source, Proposal([1] * plan.k), plan.k, [1] * (plan.k + 1), False, rs))
+            arm.observe(Round(plan.source, Proposal([1] * plan.k), plan.k, [1] * (plan.k + 1), False, rs))
             tokens, seconds = tokens + plan.k + 1, seconds + t
             ks.append(plan.k)
         return ks.count(0)

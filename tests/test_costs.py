@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from specrun.backend import LoadOptions, Model
-from specrun.costs import CostModel, calibrate
-from specrun.display import costs_table
-from specrun.engine import Engine, Settings
-from specrun.learned import CostStore, Learned
-from specrun.sampling import Sampler
-from specrun.sources.ngram import COPY_STORED_WEIGHT, NgramSource, copy_bin
-from specrun.stream import stream_generate
+from specrun.cli.display import costs_table
+from specrun.decode.costs import CostModel, calibrate
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import CostStore, Learned
+from specrun.decode.sampling import Sampler
+from specrun.decode.sources.ngram import COPY_STORED_WEIGHT, NgramSource, copy_bin
+from specrun.llama import LoadOptions, Model
+from specrun.run.stream import stream_generate
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)
@@ -103,7 +103,7 @@ def test_calibration_measures_the_kernels_gap_and_the_near_tie_guard_follows_it(
     difference is the gap between llama.cpp's batched and one-token kernels, and the default
     near-tie guard is TIE_SAFETY times it (at most TIE_MARGIN); a margin that is set wins, and the
     gap is stored with the curve."""
-    from specrun.engine import TIE_MARGIN, TIE_SAFETY
+    from specrun.decode.engine import TIE_MARGIN, TIE_SAFETY
 
     with Model(tiny["target"], LoadOptions(n_ctx=512, n_threads=2)) as t:
         e = Engine(t, None, Settings("ngram", draft_max=8), Sampler(0.0), CostModel())
@@ -309,7 +309,7 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
         sum(sum(k["n"]) for k in entry["sources"]["ngram"]["kinds"]) > 0
     )  # (its curve is stored too, unless the machine was busy: see above)
     # a second process on the same pair: open_engine starts from those statistics
-    from specrun.session import PairConfig, open_engine, open_pair
+    from specrun.run.session import PairConfig, open_engine, open_pair
 
     pair = open_pair(tiny["target"], None, PairConfig(n_ctx=4096, threads=1))
     try:
@@ -328,7 +328,7 @@ def test_a_draft_step_stored_on_a_busy_day_is_timed_again_at_the_first_prompt_wh
     and a draft never tried is never timed again. The first prompt in a process times the step
     afresh, with the prompt in the draft's cache (a step at an empty cache is the cheapest there
     is); what was stored with it (a round's first draft, a catch-up) moves by the same factor."""
-    from specrun.session import PairConfig, open_engine, open_pair
+    from specrun.run.session import PairConfig, open_engine, open_pair
 
     store = CostStore(tmp_path / "costs.json")
     busy = {"per_token": 10.0, "first_s": 30.0, "catch_up_per_token": 5.0}  # seconds: no tiny draft is this slow

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrun.backend import LoadOptions, Model
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.learned import Learned
-from specrun.sampling import Sampler
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
+from specrun.llama import LoadOptions, Model
 
 # chat-formatted prompts of at least 64 tokens, of different kinds
 SYSTEM = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
@@ -21,7 +21,7 @@ PROMPTS = [
     SYSTEM
     + "<|im_start|>user\nExplain in three short sentences what a hash map is, how it finds a key in constant time on average, and when a plain Python list is the better choice for storing and looking up a small number of items.<|im_end|>\n<|im_start|>assistant\n",
 ]
-FLAT = {b: 0.01 for b in (1, 2, 4, 8, 16)}  # makes the adaptive controller draft
+FLAT = {b: 0.01 for b in (1, 2, 4, 8, 16)}  # makes the adaptive chooser draft
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specrun.display import (
+from specrun.cli.display import (
     human_bytes,
     human_count,
     inspect_table,
@@ -19,11 +19,11 @@ from specrun.display import (
     status_line,
     summary_line,
 )
-from specrun.memory import Gpu, GpuQuery
-from specrun.modelinfo import model_info
-from specrun.pair import check_pair
-from specrun.placement import PlacementSettings
-from specrun.stats import RoundStats, RunStats
+from specrun.decode.stats import RoundStats, RunStats
+from specrun.fit.memory import Gpu, GpuQuery
+from specrun.fit.placement import PlacementSettings
+from specrun.gguf.facts import model_info
+from specrun.run.pair import check_pair
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""`specrun doctor` (specrun/doctor.py) on this machine: the facts it reports against what the
+"""`specrun doctor` (specrun/cli/diagnose.py) on this machine: the facts it reports against what the
 system says, its exit code against its problems, and what it says of a GPU the build cannot
 use and of a worker that does not answer. NVML's answer is the one fake (this machine has no
 NVIDIA driver); everything else is the real llama.cpp build, the real psutil, real sockets."""
@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specrun import backend
-from specrun.doctor import CUDA_FIX, diagnose
-from specrun.memory import Gpu, GpuQuery
+from specrun import llama
+from specrun.cli.diagnose import CUDA_FIX, diagnose
+from specrun.fit.memory import Gpu, GpuQuery
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 GiB = 1 << 30
@@ -68,7 +68,7 @@ def test_a_gpu_the_build_cannot_use_is_a_problem_with_its_fix():
     facts = dict(r.facts)
     assert facts["nvidia driver"] == "555.0" and facts["gpu 0"] == "RTX 4090: 23.5 GiB free of 24.0 GiB"
     cuda = [x for x in r.problems if "built without CUDA" in x]
-    if backend.supports_gpu_offload():
+    if llama.supports_gpu_offload():
         assert cuda == []
     else:
         assert len(cuda) == 1 and CUDA_FIX in cuda[0]
@@ -81,7 +81,7 @@ def free_port() -> int:
 
 
 def test_a_worker_that_refuses_is_a_problem_naming_it_and_how_to_start_one():
-    if not backend.supports_rpc():
+    if not llama.supports_rpc():
         pytest.skip("this llama_cpp has no RPC backend")
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     r = diagnose(gpu_query=GpuQuery([], problem="no driver"), rpc_endpoints=(dead,))

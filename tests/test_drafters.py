@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specrun.drafters import common_prefix
-from specrun.sources.ngram import NgramDrafter
+from specrun.decode.round import common_prefix
+from specrun.decode.sources.ngram import NgramDrafter
 
 # a "file" of distinct tokens with a repeated identifier (9) that the target will rename to 99
 SOURCE = [10, 11, 9, 12, 13, 14, 15, 16, 17, 9, 18, 19, 20, 21, 22, 23, 9, 24, 25]

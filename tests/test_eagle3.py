@@ -20,16 +20,16 @@ from heads_run import N_TOKENS, PROMPTS
 from tiny_eagle3 import D2T_EVERY, N_EMBD, TARGET_LAYERS, WIDE, build_eagle3, with_d2t, write_eagle3
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
-from specrun.backend import Eagle3Head, LoadOptions, Model, MtpHeads
 from specrun.cli.main import main
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.decode.sources.eagle3 import Eagle3Source
 from specrun.errors import EXIT_FAIL, EXIT_USAGE, UsageError
-from specrun.heads import HeadFile, head_file_of
-from specrun.modelinfo import model_info
-from specrun.sampling import Sampler
+from specrun.gguf.facts import model_info
+from specrun.gguf.heads import HeadFile, head_file_of
+from specrun.llama import Eagle3Head, LoadOptions, Model, MtpHeads
 from specrun.server.metrics import Metrics
-from specrun.sources.eagle3 import Eagle3Source
 
 K = 6  # drafts per round
 

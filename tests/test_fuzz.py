@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specrun import gguf_header
 from specrun.cli.main import main
+from specrun.gguf import header as gguf_header
 
 N_CASES = 2500
 TRACE_EVERY = 10

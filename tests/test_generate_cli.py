@@ -207,12 +207,12 @@ def test_unreadable_prompt_file_exit_3(tiny, tmp_path, capsys, path):
 
 
 def test_draft_of_another_family_exit_1_before_loading(tiny, capsys, monkeypatch):
-    import specrun.backend
+    import specrun.llama
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before the vocabulary check")
 
-    monkeypatch.setattr(specrun.backend, "Model", no_load)
+    monkeypatch.setattr(specrun.llama, "Model", no_load)
     code, out, err = run_main(gen_argv(tiny, "-d", str(tiny["other-family"]), "-p", PROMPT), capsys)
     assert code == EXIT_FAIL and out == ""
     line = only_error_line(err)

@@ -8,8 +8,8 @@ import tracemalloc
 import pytest
 
 from specrun.errors import BadModelFile, InputError
-from specrun.gguf_header import read_header
-from specrun.modelinfo import model_info
+from specrun.gguf.facts import model_info
+from specrun.gguf.header import read_header
 
 
 def header(n_tensors: int, n_kv: int, body: bytes = b"", version: int = 3) -> bytes:

@@ -18,17 +18,17 @@ from gguf import GGUFWriter
 from tiny_hybrid import N_LAYER, RECURRENT, STATE_BYTES, build_hybrid
 from tiny_models import N_EMBD, N_HEAD_KV, add_vocab, bpe_vocab
 
-from specrun.architecture import CHECKPOINTS_KEPT, ROLLBACK_DEPTH
-from specrun.backend import LoadOptions, Model
 from specrun.cli.main import main
-from specrun.costs import CostModel
-from specrun.engine import DRAFT_MAX_ADAPTIVE, Engine, Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import DRAFT_MAX_ADAPTIVE, Engine, Settings
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
 from specrun.errors import EXIT_FAIL
-from specrun.learned import Learned
-from specrun.memory import GpuQuery, estimate
-from specrun.modelinfo import model_info
-from specrun.pair import check_pair
-from specrun.sampling import Sampler
+from specrun.fit.memory import GpuQuery, estimate
+from specrun.gguf.architecture import CHECKPOINTS_KEPT, ROLLBACK_DEPTH
+from specrun.gguf.facts import model_info
+from specrun.llama import LoadOptions, Model
+from specrun.run.pair import check_pair
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fib",
@@ -319,9 +319,9 @@ def test_llama_cpp_loads_the_mtp_head_and_gives_it_a_context(hybrid):
     target's (llama.cpp's own API: specrun's backend does not drive MTP yet)."""
     import llama_cpp as ll
 
-    from specrun import backend
+    from specrun import llama
 
-    backend.devices()  # llama.cpp initialised, its log captured
+    llama.devices()  # llama.cpp initialised, its log captured
     mp = ll.llama_model_default_params()
     mp.load_mtp = True
     model = ll.llama_model_load_from_file(str(hybrid["qwen35-mtp"]).encode(), mp)
@@ -426,7 +426,7 @@ def test_an_unknown_architecture_is_refused_where_llama_cpp_python_has_no_packag
     its version is read from the package itself, so the refusal before loading still holds."""
     from importlib import metadata
 
-    import specrun.architecture as architecture
+    import specrun.gguf.architecture as architecture
 
     def no_metadata(name: str) -> str:
         raise metadata.PackageNotFoundError(name)

@@ -15,15 +15,15 @@ import pytest
 from test_bench import PROMPTS, write_jsonl  # the bench tests' two prompts, one of code and one of chat
 from typer.testing import CliRunner
 
-from specrun.backend import LoadOptions, Model
-from specrun.bench import BenchPrompt, geomean, run_bench
+from specrun.bench.llamacpp import DRAFT_SETTINGS, NGRAM_SETTINGS, PREFIX, TOOL, LlamaCpp, find_bin, parse_settings, write_prompt
+from specrun.bench.runner import BenchPrompt, geomean, run_bench
 from specrun.cli.main import _register, app, main
-from specrun.costs import CostModel
-from specrun.engine import Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
+from specrun.decode.stats import RunStats
 from specrun.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
-from specrun.llamacpp import DRAFT_SETTINGS, NGRAM_SETTINGS, PREFIX, TOOL, LlamaCpp, find_bin, parse_settings, write_prompt
-from specrun.sampling import Sampler
-from specrun.stats import RunStats
+from specrun.llama import LoadOptions, Model
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +196,9 @@ def test_the_real_tool_reads_the_same_prompt_tokens_and_is_rated(tiny, tool, tmp
 def test_the_tool_is_given_the_prompt_tokens_specrun_decodes(tiny, tool, tmp_path):
     """The chat prompt as text for llama.cpp (which adds the model's specials itself, and drops
     a prompt file's last newline) comes to exactly the tokens specrun prefills for it."""
-    from specrun.config import PairConfig
-    from specrun.prompt import chat_prompt, chat_text
-    from specrun.session import open_pair
+    from specrun.run.config import PairConfig
+    from specrun.run.prompt import chat_prompt, chat_text
+    from specrun.run.session import open_pair
 
     pair = open_pair(tiny["target"], None, PairConfig(n_ctx=512, threads=1))
     try:

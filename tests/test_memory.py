@@ -1,4 +1,4 @@
-"""Memory per device (specrun/memory.py) on hand-built Llama-shaped headers: the layers cut as
+"""Memory per device (specrun/fit/memory.py) on hand-built Llama-shaped headers: the layers cut as
 llama.cpp cuts them, and the per-device estimate adding up."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from big_models import big_models, llama_like
 
-from specrun.memory import estimate, layer_devices
-from specrun.modelinfo import model_info
+from specrun.fit.memory import estimate, layer_devices
+from specrun.gguf.facts import model_info
 
 
 @pytest.fixture(scope="module")

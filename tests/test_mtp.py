@@ -20,19 +20,19 @@ import pytest
 from heads_run import N_TOKENS, PROMPTS
 from tiny_mtp import TRUNK_LAYERS, build_mtp, mtp_block, mtp_variants
 
-from specrun.backend import LoadOptions, Model, MtpHeads
 from specrun.cli.main import main
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
 from specrun.errors import EXIT_USAGE
-from specrun.heads import heads_of
-from specrun.learned import Learned
-from specrun.memory import estimate
-from specrun.modelinfo import model_info
-from specrun.registry import Registry
-from specrun.sampling import Sampler
+from specrun.fit.memory import estimate
+from specrun.gguf.facts import model_info
+from specrun.gguf.heads import heads_of
+from specrun.llama import LoadOptions, Model, MtpHeads
+from specrun.models.registry import Registry
+from specrun.run.session import resolve_pair, uses_heads
 from specrun.server.metrics import Metrics
-from specrun.session import resolve_pair, uses_heads
 
 SNAPSHOTS = 6  # recurrent-state snapshots on the target: a verify rolls back at most this many
 K = SNAPSHOTS  # drafts per round (a near-tie deferred at a verify's first row restores a checkpoint)

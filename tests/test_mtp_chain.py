@@ -23,12 +23,12 @@ from heads_run import N_TOKENS, PROMPTS
 from llama_cpp import llama_cpp_ext as ll_ext
 from tiny_mimo2 import N_HEADS, N_LAYER, build_mimo2
 
-from specrun.backend import DraftHead, LoadOptions, Model, MtpHeads
 from specrun.cli.main import main
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.heads import heads_of
-from specrun.modelinfo import model_info
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.gguf.facts import model_info
+from specrun.gguf.heads import heads_of
+from specrun.llama import DraftHead, LoadOptions, Model, MtpHeads
 
 K = 6  # asked for per round: more than the heads can make
 
@@ -266,7 +266,7 @@ FLAT = {b: 0.01 for b in range(1, 34)}
 
 
 def test_hybrid_chooses_among_ngram_and_the_chained_heads(target, plain):
-    """The default mode: the n-gram lookup and the chained heads, chosen by the controller;
+    """The default mode: the n-gram lookup and the chained heads, chosen by the chooser;
     exact either way. Where verifying is dear it drafts with the heads, never longer than they
     are many."""
     used, longest = Counter(), Counter()

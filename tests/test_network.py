@@ -1,4 +1,4 @@
-"""The network share of a verify (specrun/network.py): the arithmetic of a row, and the verify
+"""The network share of a verify (specrun/bench/network.py): the arithmetic of a row, and the verify
 curve on the real llama.cpp with the tiny target (no worker: the traffic is then None). The
 split through a real `specrun worker` on 127.0.0.1 is measured end to end in
 test_rpc.py::test_bench_through_a_worker_reports_the_network_share (a worker's devices stay
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from specrun import network
-from specrun.backend import LoadOptions, Model
-from specrun.memory import Dev
-from specrun.network import NetworkReport, VerifyCost
+from specrun.bench import network
+from specrun.bench.network import NetworkReport, VerifyCost
+from specrun.fit.memory import Dev
+from specrun.llama import LoadOptions, Model
 
 GiB = 1 << 30
 

@@ -10,10 +10,10 @@ import typer
 
 from specrun.cli.main import _register, app, main
 from specrun.cli.options import LOADING, SAMPLING, flag_name
-from specrun.config import PairConfig
-from specrun.engine import Settings
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
 from specrun.errors import EXIT_USAGE
-from specrun.sampling import Sampler
+from specrun.run.config import PairConfig
 
 LOADERS = ["generate", "chat", "bench"]
 BAD = [

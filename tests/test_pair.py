@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from specrun.backend import LoadOptions, Model
 from specrun.cli.main import main
-from specrun.compat import check_vocab
 from specrun.errors import EXIT_FAIL
-from specrun.memory import Gpu, GpuQuery, check_fit, estimate, host_device
-from specrun.modelinfo import model_info
-from specrun.pair import check_pair
+from specrun.fit.memory import Gpu, GpuQuery, check_fit, estimate, host_device
+from specrun.gguf.facts import model_info
+from specrun.gguf.vocabulary import check_vocab
+from specrun.llama import LoadOptions, Model
+from specrun.run.pair import check_pair
 
 GiB = 2**30
 

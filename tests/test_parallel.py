@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from specrun.batched import BatchCost
-from specrun.control import Chooser
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.sampling import Sampler
-from specrun.stream import stream_generate
+from specrun.decode.batched import BatchCost
+from specrun.decode.chooser import Chooser
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.run.stream import stream_generate
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was", "def add(a, b):\n    return"]
 
@@ -32,7 +32,7 @@ def run_alone(target, draft, settings: Settings, prompt: list[int], n: int) -> t
 def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monkeypatch):
     import llama_cpp
 
-    from specrun.backend import Gate, LoadOptions, Model
+    from specrun.llama import Gate, LoadOptions, Model, Sequence
 
     settings = Settings(mode=draft_mode)
     with (
@@ -55,7 +55,9 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monke
 
         def one(i: int) -> None:
             try:
-                got[i] = run_alone(tn.sequence(i, gate), dn.sequence(i, gate) if draft_mode == "model" else None, settings, prompts[i], 24)
+                got[i] = run_alone(
+                    Sequence(tn, i, gate), Sequence(dn, i, gate) if draft_mode == "model" else None, settings, prompts[i], 24
+                )
             except BaseException as e:  # surfaced below
                 errors.append(e)
             finally:
@@ -72,7 +74,7 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monke
         assert got == alone
         assert len({text for _, text in alone}) == 3
         assert gate.rows > gate.passes  # batches carried more than one sequence's rows
-        # every batch ran on one thread, none of the members' (see backend.on_own_thread)
+        # every batch ran on one thread, none of the members' (see llama.on_own_thread)
         assert len(decoders) == 1 and not decoders & {th.ident for th in threads} and threading.get_ident() not in decoders
         # ... and that thread ends once every member has left (it would keep its OpenMP team)
         for runner in [t for t in threading.enumerate() if t.ident in decoders]:
@@ -81,7 +83,7 @@ def test_three_sequences_in_one_context_each_equal_alone(tiny, draft_mode, monke
 
 
 def test_work_done_once_runs_on_a_thread_that_has_ended():
-    from specrun.backend import on_own_thread
+    from specrun.llama import on_own_thread
 
     seen: list[threading.Thread] = []
     assert on_own_thread(lambda: seen.append(threading.current_thread()) or 7) == 7
@@ -91,11 +93,11 @@ def test_work_done_once_runs_on_a_thread_that_has_ended():
 
 
 def test_a_sequence_rolls_back_alone(tiny):
-    from specrun.backend import Gate, LoadOptions, Model
+    from specrun.llama import Gate, LoadOptions, Model, Sequence
 
     gate = Gate()
     with Model(tiny["target"], LoadOptions(n_ctx=128, n_threads=1, n_seq_max=2)) as m:
-        a, b = m.sequence(0, gate), m.sequence(1, gate)
+        a, b = Sequence(m, 0, gate), Sequence(m, 1, gate)
         toks = m.tokenize(PROMPTS[0])
         ra = a.eval(toks, logits="last").copy()
         b.eval(toks[:2], logits="none")
@@ -105,7 +107,7 @@ def test_a_sequence_rolls_back_alone(tiny):
         again = a.eval(toks[2:], logits="last")
         assert abs(again - ra).max() < 1e-3  # its own positions again, untouched by b's
         with pytest.raises(ValueError):
-            m.sequence(2, gate)
+            Sequence(m, 2, gate)
 
 
 def test_the_slots_threads_turn_tokens_into_text_at_once(tiny):
@@ -114,11 +116,11 @@ def test_the_slots_threads_turn_tokens_into_text_at_once(tiny):
     for llama_token_to_piece, shared by the threads while ctypes let go of the GIL, once gave
     a stream another token's bytes: the served text differed from plain decoding at a
     confident position, with the same tokens.)"""
-    from specrun.backend import Gate, LoadOptions, Model
+    from specrun.llama import Gate, LoadOptions, Model, Sequence
 
     with Model(tiny["target"], LoadOptions(n_ctx=64, n_threads=1, n_seq_max=4)) as m:
         gate = Gate()
-        seqs = [m.sequence(i, gate) for i in range(4)]
+        seqs = [Sequence(m, i, gate) for i in range(4)]
         parts = [list(range(i, m.n_vocab, 4)) for i in range(4)]  # each thread its own tokens
         alone = [[m.piece(t) for t in part] for part in parts]
         assert all(len(set(p)) > 1 for p in alone)

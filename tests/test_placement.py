@@ -1,4 +1,4 @@
-"""Placement (specrun/placement.py): the settings checked on their own and from the command line,
+"""Placement (specrun/fit/placement.py): the settings checked on their own and from the command line,
 and the placement and fit of big pairs over made-up GPUs and RPC workers (NVML's answer is the
 one fake: ``memory.query_gpus``; the headers are hand-built, see big_models.py)."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from big_models import GiB, big_models, gpus
 
-from specrun.config import PairConfig
 from specrun.errors import EXIT_USAGE, UsageError
-from specrun.memory import HEADROOM_FRACTION, Dev, estimate
-from specrun.pair import check_pair
-from specrun.placement import PlacementSettings, fit, parse_device_list, parse_tensor_split, plan
+from specrun.fit.memory import HEADROOM_FRACTION, Dev, estimate
+from specrun.fit.placement import PlacementSettings, fit, parse_device_list, parse_tensor_split, plan
+from specrun.run.config import PairConfig
+from specrun.run.pair import check_pair
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 

@@ -10,7 +10,7 @@ import pytest
 
 from specrun.cli.main import main
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, RegistryError, UnknownModel
-from specrun.registry import Registry, expand, packaged_registry_path, sha256_file, user_config_path
+from specrun.models.registry import Registry, expand, packaged_registry_path, sha256_file, user_config_path
 
 
 def write_toml(path: Path, text: str) -> Path:

@@ -29,13 +29,13 @@ import psutil
 import pytest
 from serve_helpers import Server
 
-from specrun import rpc
-from specrun.config import PairConfig
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, UsageError, WorkerMismatch, WorkerUnreachable
-from specrun.memory import Dev, layer_devices
-from specrun.modelinfo import model_info
-from specrun.placement import plan
-from specrun.session import cost_key
+from specrun.fit import rpc
+from specrun.fit.memory import Dev, layer_devices
+from specrun.fit.placement import plan
+from specrun.gguf.facts import model_info
+from specrun.run.config import PairConfig
+from specrun.run.session import cost_key
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 GiB = 1 << 30

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specrun.decode.sampling import Dist, Sampler, accept_or_resample, greedy_confidence, residual
 from specrun.errors import UsageError
-from specrun.sampling import Dist, Sampler, accept_or_resample, greedy_confidence, residual
 
 # chi-square critical values at alpha = 0.001 (from tables), by degrees of freedom
 CHI2_CRIT_001 = {5: 20.515, 7: 24.322, 9: 27.877}

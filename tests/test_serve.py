@@ -67,7 +67,7 @@ def assert_same_up_to_near_tie(model_path, prompt_tokens: list[int], plain: dict
     rollback shows up at a confident position and fails this."""
     if served_text == plain["text"]:
         return
-    from specrun.backend import LoadOptions, Model
+    from specrun.llama import LoadOptions, Model
 
     common = len(os.path.commonprefix([served_text, plain["text"]]))
     with Model(model_path, LoadOptions(n_ctx=4096, n_threads=1)) as m:
@@ -130,7 +130,7 @@ def test_greedy_completion_equals_plain_generate(server, tiny, draft):
     status, _, r = server.post("/v1/completions", body)
     assert status == 200, r
     assert r["usage"]["completion_tokens"] == len(plain["tokens"]) == 60
-    from specrun.backend import LoadOptions, Model
+    from specrun.llama import LoadOptions, Model
 
     with Model(tiny["target"], LoadOptions(n_ctx=256, n_threads=1)) as m:
         prompt_tokens = m.tokenize(PROMPT, add_special=True, parse_special=True)
@@ -161,7 +161,7 @@ def test_a_second_turn_reuses_the_first_from_the_cache(server, tiny):
     # was still pending if it ended on the length limit)
     assert cached >= u1["prompt_tokens"] + u1["completion_tokens"] - 1, (u1, u2)
     assert t2["cache_n"] == cached and t2["prompt_n"] == u2["prompt_tokens"] - cached  # only the new tokens were evaluated
-    from specrun.backend import LoadOptions, Model
+    from specrun.llama import LoadOptions, Model
 
     with Model(tiny["target"], LoadOptions(n_ctx=256, n_threads=1)) as m:  # what the template adds after the reply
         new = m.tokenize(
@@ -544,9 +544,9 @@ def test_demo_pair_through_serve_matches_plain_generate(demo, tmp_path):
         assert status == 200 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r["usage"]["prompt_tokens"]
     finally:
         assert s.stop() == 143
-    from specrun.config import PairConfig
-    from specrun.prompt import chat_prompt
-    from specrun.session import open_pair
+    from specrun.run.config import PairConfig
+    from specrun.run.prompt import chat_prompt
+    from specrun.run.session import open_pair
 
     pair = open_pair(demo["target"], None, PairConfig(n_ctx=2048, threads=2))
     try:

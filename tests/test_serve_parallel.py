@@ -51,7 +51,7 @@ def assert_each_as_alone(model_path, prompts: list[str], texts: list[str], n: in
     other rows share its batch depends on timing)."""
     from test_serve import assert_same_up_to_near_tie
 
-    from specrun.backend import LoadOptions, Model
+    from specrun.llama import LoadOptions, Model
 
     with Model(model_path, LoadOptions(n_ctx=256, n_threads=1)) as m:
         prompt_tokens = [m.tokenize(p) for p in prompts]

@@ -12,9 +12,9 @@ import pytest
 from serve_helpers import Server
 from tiny_models import CHATML_TEMPLATE, TARGET_SEED, bpe_vocab, make_weights, write_model
 
+from specrun.run.template import ChatTemplate, render_chat, renders_tools
+from specrun.run.toolcalls import tool_format
 from specrun.server.schemas import ChatRequest
-from specrun.template import ChatTemplate, render_chat, renders_tools
-from specrun.toolcalls import tool_format
 
 # A short Hermes-style template, as Qwen's shows tools, calls and results
 TOOLS_TEMPLATE = (
@@ -122,7 +122,7 @@ def test_unsupported_tool_requests_are_refused_naming_the_field(tools_server, ex
 
 @pytest.mark.demo
 def test_demo_template_shows_tools_in_the_hermes_format(demo):
-    from specrun.modelinfo import model_info
+    from specrun.gguf.facts import model_info
 
     source = model_info(demo["target"]).chat_template
     assert renders_tools(ChatTemplate(source)) and tool_format(source) == "hermes"

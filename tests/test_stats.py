@@ -1,9 +1,9 @@
-"""Statistics as data (specrun/stats.py): rounds add up into a run, runs merge into a session's
+"""Statistics as data (specrun/decode/stats.py): rounds add up into a run, runs merge into a session's
 total, and the per-position counts line up however long each run's drafts were."""
 
 from __future__ import annotations
 
-from specrun.stats import RoundStats, RunStats, add_per_position
+from specrun.decode.stats import RoundStats, RunStats, add_per_position
 
 
 def round_(source: str, drafted: int, accepted: int) -> RoundStats:

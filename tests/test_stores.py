@@ -20,14 +20,14 @@ from fake_hub import FakeHub
 from store_layouts import hf_cache, lmstudio_store, ollama_manifest_path, ollama_store, sha256_of
 from tiny_models import variants, write_model
 
-from specrun.catalog import Catalog, Known, Summary, SummaryCache, summarize
 from specrun.cli.main import main
-from specrun.compat import check_vocab
-from specrun.discovery import find_drafts
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, UnknownModel
-from specrun.modelinfo import model_info
-from specrun.registry import Registry
-from specrun.stores import Ref, group_models, parse_ref, pick_model, resolve_ref, roots_from_env
+from specrun.gguf.facts import model_info
+from specrun.gguf.vocabulary import check_vocab
+from specrun.models.catalog import Catalog, Known, Summary, SummaryCache, summarize
+from specrun.models.discovery import find_drafts
+from specrun.models.registry import Registry
+from specrun.models.stores import Ref, group_models, parse_ref, pick_model, resolve_ref, roots_from_env
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from tiny_models import SPLIT_CHAR
 
-from specrun.backend import LoadOptions, Model
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.learned import Learned
-from specrun.sampling import Sampler
-from specrun.stream import Detokenizer, stop_scan, stream_generate
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
+from specrun.llama import LoadOptions, Model
+from specrun.run.stream import Detokenizer, stop_scan, stream_generate
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fib",

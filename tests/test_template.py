@@ -1,4 +1,4 @@
-"""Chat templates (specrun/template.py): hostile templates are refused with one line and fall
+"""Chat templates (specrun/run/template.py): hostile templates are refused with one line and fall
 back to the plain ChatML format, in a child process so a hang cannot stall the run; the
 templates real models use still render."""
 
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from specrun.template import ChatTemplate, plain_format
+from specrun.run.template import ChatTemplate, plain_format
 
 # --- hostile chat templates ---------------------------------------------------------------
 
@@ -51,7 +51,7 @@ FIRST_LINE_OF_PASSWD = "root:"
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from specrun.template import ChatTemplate, TemplateError, render_chat
+    from specrun.run.template import ChatTemplate, TemplateError, render_chat
     cases = json.loads(sys.stdin.read())
     for name, src in cases.items():
         print(json.dumps({"start": name}), flush=True)

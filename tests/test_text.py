@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tiny_models import SPLIT_CHAR
 
-from specrun.backend import LoadOptions, Model
-from specrun.text import Utf8Stream
+from specrun.llama import LoadOptions, Model
+from specrun.run.text import Utf8Stream
 
 REPLACEMENT = "\ufffd"
 EMOJI = "😀"  # four bytes, four byte tokens in the tiny vocabulary

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specrun.toolcalls import CallDelta, ToolCall, ToolCallParser, parse_tool_calls, tool_format
+from specrun.run.toolcalls import CallDelta, ToolCall, ToolCallParser, parse_tool_calls, tool_format
 
 
 def ids():

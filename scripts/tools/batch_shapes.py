@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from specrun.backend import LoadOptions, Model
+from specrun.llama import LoadOptions, Model
 
 SIZES = (1, 2, 3, 4, 6, 8, 9, 12, 16, 24, 32, 33, 48, 64)
 PROMPT = "<|im_start|>user\nWrite a Python function that checks whether a string is a palindrome.<|im_end|>\n<|im_start|>assistant\n"

@@ -41,11 +41,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specrun.bench import load_prompts
-from specrun.llamacpp import NGRAM_SETTINGS, LlamaCpp, write_prompt
-from specrun.modelinfo import model_info
-from specrun.session import cost_store
-from specrun.template import ChatTemplate, render_chat
+from specrun.bench.llamacpp import NGRAM_SETTINGS, LlamaCpp, write_prompt
+from specrun.bench.runner import load_prompts
+from specrun.gguf.facts import model_info
+from specrun.run.session import cost_store
+from specrun.run.template import ChatTemplate, render_chat
 
 MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
 TYPES = NGRAM_SETTINGS

@@ -33,7 +33,7 @@ from compare_ngram import MODELS, render, run_llama, run_specrun  # noqa: E402
 def copy_run(target: Path, prompt_file: Path, reply_file: Path, k: int, n: int, threads: int) -> dict:
     """In this process: the reply (k = 0, n tokens at most, decoded plainly and written to
     ``reply_file``), or the reply verified k tokens a round. Generation tok/s, timed from the prompt's end as specrun's."""
-    from specrun.backend import LoadOptions, Model
+    from specrun.llama import LoadOptions, Model
 
     with Model(target, LoadOptions(n_ctx=4096, n_threads=threads, n_outputs_max=64)) as m:
         prompt = m.tokenize(prompt_file.read_text(), add_special=True, parse_special=True)

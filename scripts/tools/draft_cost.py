@@ -14,10 +14,10 @@ import argparse
 import time
 from pathlib import Path
 
-from specrun.backend import LoadOptions, Model
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.sampling import Sampler
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.llama import LoadOptions, Model
 
 PROMPT = (
     "<|im_start|>user\nWrite a Python function that checks whether a string is a palindrome, with a "

@@ -18,15 +18,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from specrun.bench import load_prompts
-from specrun.config import PairConfig
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.learned import CostStore, Learned
-from specrun.prompt import chat_prompt
-from specrun.sampling import Sampler
-from specrun.session import open_engine, open_pair
-from specrun.stream import stream_generate
+from specrun.bench.runner import load_prompts
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.learned import CostStore, Learned
+from specrun.decode.sampling import Sampler
+from specrun.run.config import PairConfig
+from specrun.run.prompt import chat_prompt
+from specrun.run.session import open_engine, open_pair
+from specrun.run.stream import stream_generate
 
 MODELS = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
 

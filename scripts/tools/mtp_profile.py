@@ -24,10 +24,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from tiny_mtp import build_mtp  # noqa: E402
 
-from specrun.backend import LoadOptions, Model, MtpHeads  # noqa: E402
-from specrun.costs import CostModel  # noqa: E402
-from specrun.engine import Engine, Settings  # noqa: E402
-from specrun.sampling import Sampler  # noqa: E402
+from specrun.decode.costs import CostModel  # noqa: E402
+from specrun.decode.engine import Engine, Settings  # noqa: E402
+from specrun.decode.sampling import Sampler  # noqa: E402
+from specrun.llama import LoadOptions, Model, MtpHeads  # noqa: E402
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The",

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specrun.backend import LoadOptions, Model
-from specrun.bench import load_prompts
-from specrun.config import PairConfig
-from specrun.modelinfo import model_info
-from specrun.session import cost_key, cost_store
+from specrun.bench.runner import load_prompts
+from specrun.gguf.facts import model_info
+from specrun.llama import LoadOptions, Model
+from specrun.run.config import PairConfig
+from specrun.run.session import cost_key, cost_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402

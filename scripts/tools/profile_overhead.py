@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from specrun.backend import LoadOptions, Model
-from specrun.costs import CostModel
-from specrun.engine import Engine, Settings
-from specrun.sampling import Sampler
-from specrun.stream import stream_generate
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.llama import LoadOptions, Model
+from specrun.run.stream import stream_generate
 
 PROMPT = (
     "<|im_start|>user\nWrite a Python function that merges two sorted lists into one sorted list, "

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from tiny_hybrid import build_hybrid  # noqa: E402
 from tiny_models import build_all  # noqa: E402
 
-from specrun.backend import LoadOptions, Model  # noqa: E402
+from specrun.llama import LoadOptions, Model  # noqa: E402
 
 UNDO = (1, 2, 4, 8, 16)
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"

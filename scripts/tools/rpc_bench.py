@@ -22,17 +22,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specrun import rpc
-from specrun.bench import load_prompts
-from specrun.config import PairConfig
-from specrun.costs import CostStore
-from specrun.engine import Settings
-from specrun.network import measure
-from specrun.prompt import chat_prompt
-from specrun.registry import Registry
-from specrun.sampling import Sampler
-from specrun.session import open_engine, open_pair
-from specrun.stream import stream_generate
+from specrun.bench.network import measure
+from specrun.bench.runner import load_prompts
+from specrun.decode.costs import CostStore
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
+from specrun.fit import rpc
+from specrun.models.registry import Registry
+from specrun.run.config import PairConfig
+from specrun.run.prompt import chat_prompt
+from specrun.run.session import open_engine, open_pair
+from specrun.run.stream import stream_generate
 
 SPECRUN = Path(sys.executable).parent / "specrun"
 

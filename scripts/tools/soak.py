@@ -22,15 +22,15 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tiny_models
 
-from specrun import backend  # noqa: E402
-from specrun.chat import ChatSession  # noqa: E402
-from specrun.config import PairConfig  # noqa: E402
-from specrun.costs import CostModel  # noqa: E402
-from specrun.engine import Engine, Settings  # noqa: E402
-from specrun.sampling import Sampler  # noqa: E402
-from specrun.session import open_pair  # noqa: E402
-from specrun.stream import stream_generate  # noqa: E402
-from specrun.template import ChatTemplate  # noqa: E402
+from specrun import llama  # noqa: E402
+from specrun.decode.costs import CostModel  # noqa: E402
+from specrun.decode.engine import Engine, Settings  # noqa: E402
+from specrun.decode.sampling import Sampler  # noqa: E402
+from specrun.run.chat import ChatSession  # noqa: E402
+from specrun.run.config import PairConfig  # noqa: E402
+from specrun.run.session import open_pair  # noqa: E402
+from specrun.run.stream import stream_generate  # noqa: E402
+from specrun.run.template import ChatTemplate  # noqa: E402
 
 MESSAGES = [
     "Write a function that adds two numbers.",
@@ -77,7 +77,7 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
             samples.append(round(rss_mb(), 1))
     gc.collect()
     end = rss_mb()
-    live_before_close = backend.live_batches()
+    live_before_close = llama.live_batches()
     pair.close()
     for e in engines.values():
         e.sources.clear()
@@ -92,8 +92,8 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
         "growth_mb": round(end - base, 1),
         "rss_samples_mb": samples,
         "batches_live_before_close": live_before_close,
-        "batches_live_after_close": backend.live_batches(),
-        "ok": end - base < LIMIT_MB and backend.live_batches() == 0,
+        "batches_live_after_close": llama.live_batches(),
+        "ok": end - base < LIMIT_MB and llama.live_batches() == 0,
     }
 
 

@@ -19,13 +19,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from specrun.backend import LoadOptions, Model
-from specrun.bench import load_prompts
-from specrun.config import PairConfig
-from specrun.engine import Engine, Settings
-from specrun.modelinfo import model_info
-from specrun.sampling import Sampler
-from specrun.session import cost_key, cost_store
+from specrun.bench.runner import load_prompts
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.sampling import Sampler
+from specrun.gguf.facts import model_info
+from specrun.llama import LoadOptions, Model
+from specrun.run.config import PairConfig
+from specrun.run.session import cost_key, cost_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402

@@ -12,17 +12,17 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..bench import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
-from ..costs import CostModel
-from ..display import NETWORK_COLUMNS, network_rows, network_table, network_title
-from ..errors import UsageError
-from ..learned import Learned
-from ..llamacpp import PREFIX, LlamaCpp, find_bin, parse_settings, write_prompt
-from ..prompt import chat_prompt, chat_text
-from ..sampling import Sampler
-from ..session import cost_store, load_costs, resolve_pair
-from .common import load_pair, load_registry, print_json, stderr, stdout
-from .options import LOADING, Options, shared
+from specrun.bench.llamacpp import PREFIX, LlamaCpp, find_bin, parse_settings, write_prompt
+from specrun.bench.runner import BASELINE, BenchResult, load_prompts, parse_mode, run_bench
+from specrun.cli.common import load_pair, load_registry, print_json, stderr, stdout
+from specrun.cli.display import NETWORK_COLUMNS, network_rows, network_table, network_title
+from specrun.cli.options import LOADING, Options, shared
+from specrun.decode.costs import CostModel
+from specrun.decode.learned import Learned
+from specrun.decode.sampling import Sampler
+from specrun.errors import UsageError
+from specrun.run.prompt import chat_prompt, chat_text
+from specrun.run.session import cost_store, load_costs, resolve_pair
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 "--draft",
-                help="Comma-separated modes to compare with plain decoding: none, model, ngram, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-min 0; e.g. model:4).",
+                help="Comma-separated modes to compare with plain decoding: none, model, ngram, mtp, eagle3, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-min 0; e.g. model:4).",
             ),
         ] = "model,ngram,hybrid",
         classes: Annotated[
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
             plist = [p for c in dict.fromkeys(p.cls for p in plist) for p in [q for q in plist if q.cls == c][:limit]]
         if not llama_cpp and (llama_cpp_settings or llama_cpp_bin):
             raise UsageError("--llama-cpp-settings and --llama-cpp-bin go with --llama-cpp", "add --llama-cpp")
-        from .. import backend
+        from specrun import llama
 
         network: dict = {}
         # one load serves every mode: that mode's, or hybrid's (all at hand) for several; the
@@ -132,7 +132,7 @@ def register(app: typer.Typer) -> None:
         try:
             if tool is not None:
                 prompt_dir = tempfile.TemporaryDirectory(prefix="specrun-bench-")
-                llama = LlamaCpp(
+                runner = LlamaCpp(
                     tool, pair.target_info.path, pair.draft_info.path if pair.draft_info else None, opts.pair.threads,
                     opts.pair.n_ctx, opts.pair.gpu_layers,
                 )  # fmt: skip
@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
                     for i, p in enumerate(plist)
                 ]
                 for setting in parse_settings(llama_cpp_settings, pair.draft_info is not None):
-                    outside[PREFIX + setting] = lambda i, n, setting=setting: llama.run(setting, files[i], n)
+                    outside[PREFIX + setting] = lambda i, n, setting=setting: runner.run(setting, files[i], n)
 
             def tokenize(p):
                 if p.chat:
@@ -170,7 +170,7 @@ def register(app: typer.Typer) -> None:
                 )
             store.save(pair.cost_key, Learned(cost))
             if pair.workers:
-                from ..network import measure
+                from specrun.bench.network import measure
 
                 err.print(
                     "specrun: measuring the network's share of a verify (the same batches through the workers and here alone)...",
@@ -188,9 +188,9 @@ def register(app: typer.Typer) -> None:
             "threads": opts.pair.threads,
             "n_predict": n_predict,
             "runs": runs,
-            "llama_cpp": backend.version(),
+            "llama_cpp": llama.version(),
             "machine": f"{platform.system()} {platform.machine()}, {platform.processor() or ''}".strip(", "),
-            "gpu_offload": backend.supports_gpu_offload(),
+            "gpu_offload": llama.supports_gpu_offload(),
             "placement": pair.placement.to_json() if pair.placement else None,
         }
         if pair.workers:

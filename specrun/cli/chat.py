@@ -13,14 +13,14 @@ from rich.console import Group
 from rich.live import Live
 from rich.text import Text
 
-from ..chat import ChatSession
-from ..display import event_text, stats_table, status_line, summary_line
-from ..errors import SpecrunError
-from ..prompt import model_template
-from ..session import cost_store, open_engine
-from ..stream import Event
-from .common import SignalStop, load_pair, stderr, stdout
-from .options import ALL, Options, flag_name, shared
+from specrun.cli.common import SignalStop, load_pair, stderr, stdout
+from specrun.cli.display import event_text, stats_table, status_line, summary_line
+from specrun.cli.options import ALL, Options, flag_name, shared
+from specrun.errors import SpecrunError
+from specrun.run.chat import ChatSession
+from specrun.run.prompt import model_template
+from specrun.run.session import cost_store, open_engine
+from specrun.run.stream import Event
 
 HELP_TEXT = """commands:
   /stats          this session's numbers, with acceptance per draft position

@@ -6,13 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..discovery import drafts_for
-from ..display import drafts_table, pair_table
-from ..errors import EXIT_FAIL
-from ..inventory import remote_devices
-from ..pair import check_pair
-from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
-from .options import PLACEMENT, Options, long_flag, shared
+from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
+from specrun.cli.display import drafts_table, pair_table
+from specrun.cli.options import PLACEMENT, Options, long_flag, shared
+from specrun.errors import EXIT_FAIL
+from specrun.models.discovery import drafts_for
+from specrun.run.inventory import remote_devices
+from specrun.run.pair import check_pair
 
 
 def register(app: typer.Typer) -> None:

@@ -13,10 +13,10 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from ..errors import EXIT_SIGINT, EXIT_SIGTERM, render
-from ..registry import Registry
-from ..session import OpenPair, open_pair, require_file, resolve_pair, uses_heads
-from .options import Options, flag_name
+from specrun.cli.options import Options, flag_name
+from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM, render
+from specrun.models.registry import Registry
+from specrun.run.session import OpenPair, open_pair, require_file, resolve_pair, uses_heads
 
 __all__ = [
     "JsonOpt", "RegistryOpt", "SignalStop", "load_pair", "load_registry", "print_json", "require_file",

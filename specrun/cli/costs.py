@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..display import costs_table
-from ..session import cost_store
-from .common import JsonOpt, print_json, stdout
+from specrun.cli.common import JsonOpt, print_json, stdout
+from specrun.cli.display import costs_table
+from specrun.run.session import cost_store
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
     ) -> int:
         """Show the stored verify curves (seconds per batch size, relative to one token), when
         and under what conditions they were measured, the draft's cost per token, and what the
-        controller learned about copies and near-ties, per model pair, threads and placement.
+        chooser learned about copies and near-ties, per model pair, threads and placement.
         --reset forgets them (all, or those matching --key)."""
         store = cost_store()
         entries = {k: v for k, v in store.entries().items() if not key or key in k}

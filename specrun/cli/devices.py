@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from ..display import devices_table
-from .common import JsonOpt, print_json, stdout
-from .options import RPC, Options, shared
+from specrun.cli.common import JsonOpt, print_json, stdout
+from specrun.cli.display import devices_table
+from specrun.cli.options import RPC, Options, shared
 
 
 def register(app: typer.Typer) -> None:
@@ -19,9 +19,9 @@ def register(app: typer.Typer) -> None:
 
         Exit codes: 0 listed; 3 an RPC worker cannot be reached; 1 one speaks another protocol.
         """
-        from .. import backend  # loads llama_cpp
+        from specrun import llama  # loads llama_cpp
 
-        backend.add_workers(opts.pair.rpc)
+        llama.add_workers(opts.pair.rpc)
         rows = [
             {
                 "name": d.name,
@@ -31,10 +31,10 @@ def register(app: typer.Typer) -> None:
                 "free": d.free,
                 "total": d.total,
             }
-            for d in backend.devices()
+            for d in llama.devices()
         ]
         if json_out:
-            print_json({"devices": rows, "rpc_support": backend.supports_rpc()})
+            print_json({"devices": rows, "rpc_support": llama.supports_rpc()})
         else:
             stdout().print(devices_table(rows))
         return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import JsonOpt, print_json, stdout
-from .options import RPC, Options, shared
+from specrun.cli.common import JsonOpt, print_json, stdout
+from specrun.cli.options import RPC, Options, shared
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         GPUs with free memory, system RAM, and the platform (WSL2, Apple Silicon); with --rpc,
         whether each worker answers, its protocol and its devices' free memory. Prints one line
         per problem, each with its fix. Exits 1 if there is a problem."""
-        from ..doctor import diagnose  # loads llama_cpp
+        from specrun.cli.diagnose import diagnose  # loads llama_cpp
 
         report = diagnose(rpc_endpoints=opts.pair.rpc)
         if json_out:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ..discovery import drafts_for
-from ..display import drafts_table
-from ..errors import EXIT_FAIL, UsageError
-from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stderr, stdout
+from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stderr, stdout
+from specrun.cli.display import drafts_table
+from specrun.errors import EXIT_FAIL, UsageError
+from specrun.models.discovery import drafts_for
 
 
 def register(app: typer.Typer) -> None:

@@ -8,14 +8,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..display import summary_line
-from ..errors import InputError, UsageError
-from ..prompt import chat_prompt
-from ..session import OpenPair, cost_store, open_engine
-from ..stats import RunStats
-from ..stream import stream_generate
-from .common import SignalStop, load_pair, print_json, silence_stdout, stderr
-from .options import ALL, Options, shared
+from specrun.cli.common import SignalStop, load_pair, print_json, silence_stdout, stderr
+from specrun.cli.display import summary_line
+from specrun.cli.options import ALL, Options, shared
+from specrun.decode.stats import RunStats
+from specrun.errors import InputError, UsageError
+from specrun.run.prompt import chat_prompt
+from specrun.run.session import OpenPair, cost_store, open_engine
+from specrun.run.stream import stream_generate
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -6,9 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ..display import inspect_table
-from ..modelinfo import model_info
-from .common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
+from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, require_file, stdout
+from specrun.cli.display import inspect_table
+from specrun.gguf.facts import model_info
+from specrun.gguf.heads import model_json
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
         r = require_file(load_registry(registry).resolve(model))
         m = model_info(r.path)
         if json_out:
-            print_json(m.to_json())
+            print_json(model_json(m))
         else:
             stdout().print(inspect_table(m))
         return 0

@@ -19,10 +19,10 @@ try:  # typer >= 0.2x vendors click as typer._click; older ones depend on click 
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
-from ..errors import EXIT_FAIL, EXIT_SIGINT, EXIT_USAGE, SpecrunError
-from ..rpc import on_fatal
-from .common import silence_stdout
-from .options import flag_name
+from specrun.cli.common import silence_stdout
+from specrun.cli.options import flag_name
+from specrun.errors import EXIT_FAIL, EXIT_SIGINT, EXIT_USAGE, SpecrunError
+from specrun.fit.rpc import on_fatal
 
 HELP = """Speculative decoding for local GGUF models: check a target/draft pair before
 loading, then run it faster, with live numbers on how much speculation helps.
@@ -46,7 +46,7 @@ def _register() -> None:
     """Attach the commands to `app`, once: main() may run many times in one process."""
     if app.registered_commands:
         return
-    from . import bench, chat, check_pair, costs, devices, doctor, drafts, generate, inspect_cmd, models, pull, serve, worker
+    from specrun.cli import bench, chat, check_pair, costs, devices, doctor, drafts, generate, inspect_cmd, models, pull, serve, worker
 
     for mod in (models, inspect_cmd, check_pair, drafts, pull, generate, chat, bench, serve, costs, doctor, devices, worker):
         mod.register(app)

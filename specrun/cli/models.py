@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import SummaryCache, build_catalog
-from ..display import models_table, scan_table
-from ..errors import EXIT_FAIL, SpecrunError, UnknownModel
-from ..modelinfo import model_info
-from ..registry import sha256_file
-from .common import JsonOpt, RegistryOpt, load_registry, print_json, stderr, stdout
+from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, stderr, stdout
+from specrun.cli.display import models_table, scan_table
+from specrun.errors import EXIT_FAIL, SpecrunError, UnknownModel
+from specrun.gguf.facts import model_info
+from specrun.models.catalog import SummaryCache, build_catalog
+from specrun.models.registry import sha256_file
 
 
 def register(app: typer.Typer) -> None:

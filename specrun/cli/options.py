@@ -19,11 +19,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..config import PairConfig
-from ..engine import Settings
-from ..placement import parse_device_list, parse_tensor_split
-from ..rpc import parse_endpoints
-from ..sampling import Sampler
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
+from specrun.fit.placement import parse_device_list, parse_tensor_split
+from specrun.fit.rpc import parse_endpoints
+from specrun.run.config import PairConfig
 
 
 @dataclass(frozen=True)

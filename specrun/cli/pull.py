@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ..download import pull
-from .common import JsonOpt, RegistryOpt, load_registry, print_json, stderr, stdout
+from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, stderr, stdout
+from specrun.models.download import pull
 
 
 def register(app: typer.Typer) -> None:

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from ..display import request_line
-from ..errors import EXIT_SIGINT, EXIT_SIGTERM
-from ..session import OpenPair, cost_store, open_engine
-from .common import load_pair, load_registry, stderr
-from .options import ALL, Options, flag_name, shared
+from specrun.cli.common import load_pair, load_registry, stderr
+from specrun.cli.display import request_line
+from specrun.cli.options import ALL, Options, flag_name, shared
+from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM
+from specrun.run.session import OpenPair, cost_store, open_engine
 
 MAX_BODY = 4 << 20
 
@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
         finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
         used; 2 usage error; 3 unreadable model or registry.
         """
-        from ..server.run import listen
+        from specrun.server.run import listen
 
         err = stderr()
         sock = listen(host, port)  # before loading: a taken port fails in milliseconds
@@ -157,11 +157,11 @@ def register(app: typer.Typer) -> None:
 
 def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, quiet: bool, err: Console):
     """Serve until a signal; returns it, and whether the engine thread has let go of the models."""
-    from ..backend import on_own_thread
-    from ..server.app import Served, create_app
-    from ..server.host import Host
-    from ..server.metrics import Metrics
-    from ..server.run import address, serve, signals_held
+    from specrun.llama import on_own_thread
+    from specrun.server.app import Served, create_app
+    from specrun.server.host import Host
+    from specrun.server.metrics import Metrics
+    from specrun.server.run import address, serve, signals_held
 
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)

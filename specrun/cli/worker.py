@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..config import default_threads
-from ..errors import BackendError, InputError, SpecrunError, UsageError
-from ..rpc import DEFAULT_PORT, PROTOCOL, is_loopback
-from .common import SignalStop, stderr
+from specrun.cli.common import SignalStop, stderr
+from specrun.errors import BackendError, InputError, SpecrunError, UsageError
+from specrun.fit.rpc import DEFAULT_PORT, PROTOCOL, is_loopback
+from specrun.run.config import default_threads
 
 WARNING = (
     "llama.cpp's RPC protocol has no authentication and no encryption: anyone who can reach {endpoint} can use this "
@@ -98,13 +98,13 @@ def register(app: typer.Typer) -> None:
         Exit codes: 2 usage error (a non-loopback --host without the flag, an unknown device);
         1 the port is taken or the server stopped; 130/143 stopped by SIGINT/SIGTERM.
         """
-        from .. import backend  # loads llama_cpp
+        from specrun import llama  # loads llama_cpp
 
         _check_host(host, unauthenticated_ok)
         names = tuple(n.strip() for n in device.split(",")) if device is not None else None
         if names is not None and not all(names):
             raise UsageError(f"--device takes device names separated by commas, got {device!r}", "see `specrun devices`", "device")
-        served = backend.worker_devices(names)
+        served = llama.worker_devices(names)
         if cache is not None:
             try:
                 cache.mkdir(parents=True, exist_ok=True)
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
 
         def serve() -> None:
             try:
-                backend.serve(endpoint, served, cache, threads)
+                llama.serve(endpoint, served, cache, threads)
             finally:
                 stopped.set()
 

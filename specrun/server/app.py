@@ -37,18 +37,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import Settings
-from ..errors import SpecrunError, UsageError
-from ..prompt import model_template
-from ..sampling import Sampler
-from ..stats import RunStats
-from ..stream import Event
-from ..template import TemplateError, render_chat, renders_tools
-from ..toolcalls import CallDelta, ToolCallParser, parse_tool_calls, tool_format
-from .body import load_object
-from .host import Busy, Host, Job, Request, ShuttingDown, Start
-from .metrics import CONTENT_TYPE, Metrics
-from .schemas import SPECULATIVE, ApiError, ChatRequest, CompletionRequest, param_of
+from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
+from specrun.decode.stats import RunStats
+from specrun.errors import SpecrunError, UsageError
+from specrun.run.prompt import model_template
+from specrun.run.stream import Event
+from specrun.run.template import TemplateError, render_chat, renders_tools
+from specrun.run.toolcalls import CallDelta, ToolCallParser, parse_tool_calls, tool_format
+from specrun.server.body import load_object
+from specrun.server.host import Busy, Host, Job, Request, ShuttingDown, Start
+from specrun.server.metrics import CONTENT_TYPE, Metrics
+from specrun.server.schemas import SPECULATIVE, ApiError, ChatRequest, CompletionRequest, param_of
 
 _Req = TypeVar("_Req", ChatRequest, CompletionRequest)
 

@@ -22,7 +22,7 @@ import json
 import math
 from typing import Any
 
-from .schemas import ApiError
+from specrun.server.schemas import ApiError
 
 __all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "load_object"]
 

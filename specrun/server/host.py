@@ -3,7 +3,7 @@
 With one slot (``parallel`` 1), one thread owns the loaded pair and serves one request at a
 time. With N, the pair was loaded with N sequences in one context (``LoadOptions.n_seq_max``):
 slot i is sequence i of the target (and of the draft), each with a thread and engines of its
-own, and their decodes meet in one :class:`specrun.backend.Gate`, which runs each step's rows
+own, and their decodes meet in one :class:`specrun.llama.Gate`, which runs each step's rows
 of every active sequence as one batch. A new request goes to the free slot whose last request
 shares the longest prefix with it, so its cached tokens are reused.
 
@@ -32,7 +32,7 @@ prefix of token ids; on top of that the host remembers the last request's text a
 (the next chat turn, a completion that continues the last) keeps those tokens and tokenizes
 only what is new, as `specrun chat` does. One engine serves each distinct combination of
 drafting and sampling settings: they share the loaded models, the caches and the measured
-costs, and each keeps its own controller learning across the requests that use it.
+costs, and each keeps its own chooser learning across the requests that use it.
 """
 
 from __future__ import annotations
@@ -47,23 +47,23 @@ from dataclasses import dataclass, field
 from os.path import commonprefix
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..batched import BatchCost
-from ..costs import CostModel
-from ..drafters import common_prefix
-from ..engine import Engine, Settings
-from ..errors import SpecrunError
-from ..sampling import Sampler
-from ..session import OpenPair
-from ..stats import RunStats
-from ..stream import Event, stream_generate
-from .schemas import ApiError
+from specrun.decode.batched import BatchCost
+from specrun.decode.costs import CostModel
+from specrun.decode.engine import Engine, Settings
+from specrun.decode.round import common_prefix
+from specrun.decode.sampling import Sampler
+from specrun.decode.stats import RunStats
+from specrun.errors import SpecrunError
+from specrun.run.session import OpenPair
+from specrun.run.stream import Event, stream_generate
+from specrun.server.schemas import ApiError
 
 if TYPE_CHECKING:
-    from ..backend import Gate, Model, Sequence
+    from specrun.llama import Gate, Model, Sequence
 
 __all__ = ["Busy", "Host", "Job", "Observer", "Request", "ShuttingDown", "Start"]
 
-MAX_ENGINES = 8  # distinct per-request settings kept warm (each has its own controller)
+MAX_ENGINES = 8  # distinct per-request settings kept warm (each has its own chooser)
 LONG_TEXT_CHARS = 32_768  # a prompt text longer than this is counted in pieces before it is tokenized whole
 ACK_WAIT_S = 0.05  # longest wait for a streaming reader to send an event on (a slow client is not waited for)
 
@@ -194,8 +194,10 @@ class Host:
         self.cost_lock = threading.RLock()  # the slots' threads share the verify curve
         if parallel > 1:
             assert gate is not None, "parallel slots need the gate their decodes meet in"
+            from specrun.llama import Sequence
+
             self.slots = [
-                _Slot(i, pair.target.sequence(i, gate), pair.draft.sequence(i, gate) if pair.draft is not None else None)
+                _Slot(i, Sequence(pair.target, i, gate), Sequence(pair.draft, i, gate) if pair.draft is not None else None)
                 for i in range(parallel)
             ]
             learned = engine.learned()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from ..stats import RunStats
+from specrun.decode.stats import RunStats
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -46,7 +46,7 @@ class Metrics:
         self.source_drafted = Counter("specrun_draft_tokens", "Draft tokens by source.", ["source"], registry=r)
         self.source_accepted = Counter("specrun_accepted_tokens", "Accepted draft tokens by source.", ["source"], registry=r)
         self.draft_length = Histogram(
-            "specrun_draft_length", "The draft length the controller chose, per round (0 = a plain step).",
+            "specrun_draft_length", "The draft length the chooser chose, per round (0 = a plain step).",
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
         )  # fmt: skip
         self.rejected = Counter("specrun_requests_rejected", "Requests refused because the queue was full (429).", registry=r)

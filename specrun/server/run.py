@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from ..errors import SpecrunError, UsageError
+from specrun.errors import SpecrunError, UsageError
 
 __all__ = ["is_loopback", "listen", "serve"]
 

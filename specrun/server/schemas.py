@@ -51,7 +51,7 @@ class Speculative(_Body):
     n_max: Optional[int] = Field(None, ge=1, le=256, description="most draft tokens per round (draft_max)")
     n_min: Optional[int] = Field(None, ge=0, le=256, description="shorter drafts are dropped (draft_min)")
     p_min: Optional[float] = Field(None, ge=0.0, le=1.0, description="the draft model stops below this confidence (fixed mode)")
-    fixed: Optional[bool] = Field(None, description="turn the adaptive controller off for this request")
+    fixed: Optional[bool] = Field(None, description="turn the adaptive chooser off for this request")
 
 
 class StreamOptions(_Body):

@@ -1,0 +1,430 @@
+"""The speculative engine: one round as in the paper, and the loop that runs rounds.
+
+Plain decoding is the same loop with no drafter (K = 0 every round), so every comparison
+(tests, bench) is plain against speculative on identical code.
+
+Invariant between rounds: the target's KV cache holds every token of the sequence but the
+last one, which is still pending (``target.n_past == len(tokens) - 1``). A round feeds that
+token plus K drafts in one decode, keeps what the target agrees with, appends one token of the
+target's own, and rolls the caches back so the invariant holds again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from specrun.decode import sources as draft_sources
+from specrun.decode.chooser import Chooser, Plan
+from specrun.decode.costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
+from specrun.decode.learned import Learned
+from specrun.decode.round import Proposal, Round, common_prefix
+from specrun.decode.sampling import Sampler, accept_or_resample
+from specrun.decode.sources import ModelSource, Source
+from specrun.decode.sources.base import STORED_WEIGHT, Rate
+from specrun.decode.sources.model import Autoregressive
+from specrun.decode.stats import RoundStats, RunStats
+from specrun.errors import PromptTooLong, UsageError
+
+if TYPE_CHECKING:  # the engine never imports llama_cpp itself
+    from specrun.llama import Eagle3Head, Model, MtpHeads
+
+DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
+# adaptive: the chooser picks K up to it, here as far as one verify returns rows of logits for
+# (n_outputs_max, less one). Trades: a long pure copy ran 1.09-1.13x faster than at 32 on the demo
+# pair, where a 64-token verify costs 1.5 times a 33-token one; each long copy that breaks costs
+# more (a snapshot target stays at its ROLLBACK_DEPTH)
+DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
+# llama.cpp's batched kernels can differ from its one-token kernels by up to ~0.5 logit on
+# quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
+TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
+TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration sees a few rows only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How to draft. Every front end builds one of these; its defaults are the defaults."""
+
+    mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | eagle3 (an EAGLE-3 head) | hybrid | none
+    # the most drafts a round; left out (None), the mode's default, set at construction, so it is
+    # an int from then on
+    draft_max: int = cast(int, None)
+    draft_min: int = 1
+    p_min: float = 0.6  # fixed mode: the draft model stops below this confidence, as llama.cpp's p-min
+    # (adaptive: its stop rule)
+    fixed: bool = False
+    ngram_min: int = 2
+    ngram_max: int = 6
+    # greedy: near-ties closer than this are settled by a plain step; None: TIE_SAFETY times the
+    # gap measured between the target's batched and one-token logits, at most TIE_MARGIN
+    tie_margin: float | None = None
+
+    def __post_init__(self):
+        if self.draft_max is None:
+            object.__setattr__(self, "draft_max", DRAFT_MAX_FIXED if self.fixed else DRAFT_MAX_ADAPTIVE)
+        if self.mode not in DRAFT_MODES:
+            raise UsageError(f"{{mode}} must be one of {', '.join(DRAFT_MODES)}, got {self.mode!r}", "pick one", "mode")
+        if self.draft_max < 1:
+            raise UsageError(f"{{draft_max}} must be >= 1, got {self.draft_max}", "use {mode} none for no drafting", "draft_max")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise UsageError(
+                f"{{draft_min}} must be in [0, {self.draft_max}] ({{draft_max}}), got {self.draft_min}", "lower it", "draft_min"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise UsageError(f"{{p_min}} must be in [0, 1], got {self.p_min}", "e.g. 0.6", "p_min")
+        if self.tie_margin is not None and not self.tie_margin >= 0:
+            raise UsageError(f"{{tie_margin}} must be >= 0, got {self.tie_margin}", "use 0 to turn the guard off", "tie_margin")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise UsageError("{ngram_min} and {ngram_max} need 1 <= min <= max", "e.g. 2 and 6", "ngram_min")
+
+    @property
+    def sources(self) -> list[str]:
+        hybrid = ["ngram", "mtp", "model", "eagle3"]  # those at hand
+        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "eagle3": ["eagle3"], "hybrid": hybrid, "none": []}[self.mode]
+
+    def without_draft_model(self, heads: bool = False) -> Settings:
+        """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
+        or with the draft heads when some are loaded (``heads``: the target's MTP heads, an
+        EAGLE-3 head)."""
+        return dataclasses.replace(self, mode="ngram") if self.mode == "hybrid" and not heads else self
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one round adds to the output, as the engine's generator yields it."""
+
+    tokens: list[int]
+    n_from_draft: int  # the first n tokens were drafts the target accepted
+    round: RoundStats
+    stats: RunStats
+
+
+def speculative_round(
+    target: Model,
+    drafter: Source | None,
+    tokens: list[int],
+    plan: Plan,
+    sampler: Sampler,
+    rng: np.random.Generator,
+    draft_min: int = 1,
+    tie_margin: float = 0.0,
+    others: list[Source] | None = None,
+    rival: Callable[[list[int]], float] | None = None,
+) -> Round:
+    """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
+
+    ``tokens`` is the sequence; the target's cache holds all of it but the last token.
+    ``others`` are the sources whose caches must follow the target's back (the drafter among
+    them); ``rival(sequence)``: the most tokens a second the other sources could make of a
+    round after it (a drafter that decides how far as it goes stops where that is more).
+
+    At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
+    undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
+    kernels by up to ~0.5 logit on quantized CPU weights, so only a one-token decode, as plain
+    decoding does it, can settle such a near-tie. The engine makes the next round a plain step.
+    """
+    t0 = now()
+    # Step 1: the drafter proposes up to K tokens
+    proposal = (
+        drafter.propose(tokens, plan.k, plan.rate, plan.most, plan.verify, rival) if drafter is not None and plan.k > 0 else Proposal()
+    )
+    draft = proposal.cut(max(plan.k, plan.most))  # a stop rule may draft on past K, up to the offer
+    if len(draft) < max(draft_min, 1):
+        draft = Proposal()  # too short to pay for itself: this round is a plain decode step
+    k = len(draft)
+    t1 = now()
+
+    # Step 2: the target scores the pending token plus all K drafts in ONE decode;
+    # row i holds the target's distribution for the token after draft i-1
+    target.checkpoint()  # hybrid/recurrent targets: make this decode undoable (free on attention)
+    logits = target.eval([tokens[-1], *draft.tokens], logits="all")
+    assert logits is not None
+    t2 = now()
+
+    # Step 3: accept a prefix of the drafts, then append one token of the target's own
+    deferred = False
+    if sampler.greedy:
+        # temperature 0: keep the longest prefix matching the target's argmax; the argmax at
+        # the first mismatch is the correction (after a full accept, it is the bonus token)
+        best = np.argmax(logits, axis=1)
+        ties = [near_tie(logits[0], int(best[0]), tie_margin)]  # every row checked counts towards the tie rate
+        n = 0
+        while n < k and draft.tokens[n] == best[n] and not ties[n]:
+            n += 1
+            ties.append(near_tie(logits[n], int(best[n]), tie_margin))
+        deferred = k > 0 and ties[n]  # position n is decided by the next, plain round
+        emitted = [*draft.tokens[:n]] if deferred else [*draft.tokens[:n], int(best[n])]
+    else:
+        ties = [False]
+        # exact speculative sampling: accept x_i with probability min(1, p(x_i)/q(x_i));
+        # on a rejection, resample from norm(max(0, p - q)); after a full accept, draw from p
+        emitted, n = [], 0
+        for i, x in enumerate(draft.tokens):
+            ok, replacement = accept_or_resample(x, sampler.dist(logits[i]), draft.dists[i], rng)
+            if not ok:
+                assert replacement is not None
+                emitted.append(replacement)
+                break
+            emitted.append(x)
+            n += 1
+        else:
+            emitted.append(sampler.dist(logits[k]).sample(rng))
+    t3 = now()
+
+    # Step 4: both caches forget the rejected drafts (the cache holds the sequence but its
+    # last token: the correction, or the last accepted draft if a near-tie was deferred)
+    rollback(target, others if others is not None else [drafter] if drafter is not None else [], len(tokens) + n - deferred)
+    t4 = now()
+    stats = RoundStats(plan.source if k else "none", k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties), sum(ties), t4 - t3)
+    return Round(stats.source, draft, n, emitted, deferred, stats)
+
+
+def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
+    """Is the runner-up within ``margin`` of the top logit? (Reads the row, never writes it.)"""
+    if margin <= 0:
+        return False
+    second = max(row[:top].max(initial=-np.inf), row[top + 1 :].max(initial=-np.inf))
+    return bool(row[top] - second < margin)
+
+
+def rollback(target: Model, sources: list[Source], keep: int) -> None:
+    """Keep the first ``keep`` positions of the target's cache and of every source's. The
+    engine moves caches back only through here; the backend's ``Model.rollback`` does the work
+    for one model."""
+    target.rollback(keep)
+    for s in sources:
+        s.rollback(keep)
+
+
+class Engine:
+    """A target, its draft sources and the chooser; keeps the sequence between calls (chat)."""
+
+    def __init__(
+        self,
+        target: Model,
+        draft: Model | None,
+        settings: Settings,
+        sampler: Sampler,
+        cost: CostModel | None = None,
+        learned: Learned | None = None,
+        heads: MtpHeads | None = None,
+        eagle3: Eagle3Head | None = None,
+    ):
+        """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
+        (its curve, unless ``cost`` is given, what each source learned, the near-tie rate);
+        ``heads``: the target's MTP heads, ``eagle3``: an EAGLE-3 head, each attached to it
+        (a source of its own)."""
+        if settings.mode == "mtp" and heads is None:
+            raise UsageError("{mode} mtp needs the target's MTP heads loaded", "use another {mode}", "mode")
+        if settings.mode == "eagle3" and eagle3 is None:
+            raise UsageError("{mode} eagle3 needs an EAGLE-3 head", "give one ({draft_model}) or use another {mode}", "mode")
+        if settings.mode == "model" and draft is None:
+            raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
+        cap = target.opts.n_outputs_max - 1  # a verify returns a row of logits per draft and one more
+        if target.draft_limit is not None:  # a snapshot target undoes at most this many drafts
+            cap = min(cap, target.draft_limit)
+        if cap < settings.draft_max:
+            settings = dataclasses.replace(settings, draft_max=cap, draft_min=min(settings.draft_min, cap))
+        self.target = target
+        self.settings = settings
+        self.sampler = sampler
+        self.rng = sampler.rng()
+        self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
+        self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
+        self.sources: dict[str, Source] = draft_sources.build(
+            settings.sources,
+            draft_sources.Makings(
+                target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
+            ),
+        )
+        for src in self.sources.values():
+            if isinstance(src, Autoregressive) and settings.fixed:
+                src.p_min = settings.p_min
+        self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.draft_max, fixed=settings.fixed)
+        if learned is not None:
+            for name, src in self.sources.items():
+                src.load(learned.sources.get(name) or {})
+            if learned.tie_rate is not None:
+                self.chooser.ties = Rate(learned.tie_rate * STORED_WEIGHT, STORED_WEIGHT)  # a prior, as every stored rate
+        self.tokens: list[int] = []  # the sequence: the target's cache holds all but the last
+
+    @property
+    def draft_model(self) -> Model | None:
+        model = self.sources.get("model")
+        return model.model if isinstance(model, ModelSource) else None
+
+    def draft_cost(self) -> float | None:
+        """The draft model's measured seconds per drafted token (None: no draft model, or not yet)."""
+        model = self.sources.get("model")
+        return model.per_token if isinstance(model, ModelSource) else None
+
+    # --- the sequence -------------------------------------------------------------------
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the target's cache hold ``prompt[:-1]``, reusing the common prefix with what
+        it already holds. Returns how many tokens were evaluated."""
+        if not prompt:
+            raise UsageError("the prompt is empty", "give some text", "prompt")
+        if len(prompt) > self.target.n_ctx:
+            raise PromptTooLong(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}",
+                f"raise {{n_ctx}} to {_round_up(len(prompt) + 256)} or shorten the prompt",
+                "n_ctx",
+            )
+        n = common_prefix(self.target.tokens, prompt, limit=len(prompt) - 1)
+        rollback(self.target, list(self.sources.values()), n)
+        todo = prompt[n:-1]
+        if todo:
+            self.target.eval(todo, logits="none")
+        for src in self.sources.values():
+            src.begin(prompt, functools.partial(self._may_draft, src))
+        self.tokens = list(prompt)
+        return len(todo) + 1  # the pending last token is evaluated by the first round
+
+    def _may_draft(self, src: Source) -> bool:
+        return self.settings.fixed or self.chooser.could_pay(src, self.settings.draft_max)
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart the random stream (a request's own seed, say); the draft model shares it."""
+        self.rng = np.random.default_rng(seed)
+        for src in self.sources.values():
+            if isinstance(src, Autoregressive):
+                src.rng = self.rng
+
+    def reset(self) -> None:
+        self.target.reset()
+        if self.draft_model is not None:
+            self.draft_model.reset()
+        self.tokens = []
+
+    def calibrate(self) -> CostModel:
+        """Measure the target's verify cost by batch size at the current position, leaving
+        both caches as they were (a drafting source times its own step at the first prompt,
+        where it drafts: ``ModelSource.begin``). A measurement taken while the machine was
+        busy comes back ``provisional`` (see ``costs.calibrate``). Every batch's first row is
+        the same position as the one-token decode: how far the two differ is the kernels' gap,
+        which sets the near-tie guard."""
+        base = self.target.n_past
+        pad = self.tokens[-1] if self.tokens else 0
+        room = self.target.n_ctx - base
+        single: list[np.ndarray] = []
+        gap = 0.0
+
+        def measure(b: int) -> float:
+            nonlocal gap
+            self.target.checkpoint(full=True)  # hybrid/recurrent targets: the whole decode is undone
+            t = now()
+            logits = self.target.eval([pad] * b, logits="all")
+            dt = now() - t
+            assert logits is not None
+            if not single:
+                single.append(np.array(logits[0]))
+            elif b > 1:
+                gap = max(gap, float(np.max(np.abs(logits[0] - single[0]))))
+            self.target.rollback(base)
+            return dt
+
+        measure(1)  # the first decode after a load or a pause is slow: not part of the curve
+        watch = CpuWatch()
+        sizes = [b for b in CALIBRATION_SIZES if b <= min(room, self.settings.draft_max + 1)]
+        measured = calibrate(measure, sizes, others=watch.others)
+        if any(b > 1 for b in sizes):
+            measured.kernel_gap = gap
+        self.cost.adopt(measured)
+        return self.cost
+
+    @property
+    def tie_margin(self) -> float:
+        """The near-tie guard: as set, else TIE_SAFETY times the measured kernel gap (at most
+        TIE_MARGIN, which is also the guard before any measurement)."""
+        if self.settings.tie_margin is not None:
+            return self.settings.tie_margin
+        gap = self.cost.kernel_gap
+        return TIE_MARGIN if gap is None else min(TIE_MARGIN, TIE_SAFETY * gap)
+
+    def learned(self) -> Learned:
+        """What this engine has learned, to store for the next run."""
+        return Learned(self.cost, {name: s.to_json() for name, s in self.sources.items()}, self.chooser.tie_rate)
+
+    # --- generation ---------------------------------------------------------------------
+
+    def generate(
+        self, prompt: list[int], max_tokens: int, stop: threading.Event | None = None, stats: RunStats | None = None
+    ) -> Generator[Step, None, None]:
+        """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``.
+        ``stats`` (a fresh one if not given) is filled in as the run goes, also when it ends
+        before its first round."""
+        stats = stats if stats is not None else RunStats()
+        t0 = now()
+        stats.n_prompt_tokens = self.prefill(prompt)
+        stats.n_cached_tokens = len(prompt) - stats.n_prompt_tokens
+        stats.prompt_s = now() - t0
+        tokens = self.tokens
+        sources = list(self.sources.values())
+        t_start = now()
+        reason = None
+        force_plain = False
+        self.chooser.begin_reply()
+        try:
+            while reason is None:
+                if stop is not None and stop.is_set():
+                    reason = "interrupted"
+                    break
+                remaining = max_tokens - stats.n_generated
+                room = self.target.n_ctx - len(tokens)  # a round needs len(tokens) + K <= n_ctx
+                if remaining <= 0:
+                    reason = "length"
+                    break
+                if room < 0:
+                    reason = "context"
+                    break
+                k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.draft_max))
+                # what is left of the reply to use a lesson on, or to spread a one-off cost over:
+                # the budget at most, and, since nothing else is known of where a reply ends, no
+                # more than it has run so far (a reply n tokens long is as likely to end before 2n
+                # as after)
+                left = min(room, remaining, stats.n_generated)
+                # every source gets ready (the n-gram lookup finds its copy), then one choice
+                caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, left, self.choice_rng, budget=remaining)
+                drafter = self.sources.get(plan.source)
+                rivals = [s for s in sources if s is not drafter]
+                r = speculative_round(
+                    self.target, drafter, tokens, plan, self.sampler, self.rng,
+                    self.settings.draft_min, self.tie_margin, sources, functools.partial(self.chooser.rival, sources=rivals),
+                )  # fmt: skip
+                settling, force_plain = force_plain, r.deferred
+                self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)
+                if r.stats.drafted > r.accepted:
+                    self.cost.observe_rollback(r.stats.rollback_s)
+                for src in sources:
+                    src.observe(r)
+                if not settling:  # a settling step's row is the near-tie that deferred it, counted already
+                    self.chooser.observe_ties(r.stats.checked, r.stats.ties)
+                emitted = r.emitted
+                for i, t in enumerate(emitted):
+                    if self.target.is_eog(t):
+                        emitted = emitted[: i + 1]
+                        reason = "stop"
+                        break
+                tokens.extend(emitted)
+                if reason == "stop":  # drop any accepted tokens past the end of generation
+                    rollback(self.target, sources, min(self.target.n_past, len(tokens) - 1))
+                rnd = dataclasses.replace(r.stats, emitted=len(emitted))
+                self.chooser.observe_round(plan, rnd.draft_s + rnd.verify_s + rnd.sample_s)
+                stats.add(rnd)
+                stats.wall_s = now() - t_start
+                stats.idle_reason = self.chooser.idle_reason(stats)
+                yield Step(emitted, min(r.accepted, len(emitted)), rnd, stats)
+        finally:
+            stats.wall_s = now() - t_start
+            stats.finish_reason = reason or "interrupted"
+
+
+def _round_up(n: int, to: int = 512) -> int:
+    return -(-n // to) * to

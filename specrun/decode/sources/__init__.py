@@ -1,0 +1,57 @@
+"""Draft sources, one module each, and the one table that names them.
+
+Adding a source is a module with a class that fits ``base.Source`` and one line in ``MAKERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specrun.decode.sources.base import Source
+from specrun.decode.sources.eagle3 import Eagle3Source
+from specrun.decode.sources.model import ModelSource
+from specrun.decode.sources.mtp import MtpSource
+from specrun.decode.sources.ngram import NgramSource
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from specrun.decode.costs import CostModel
+    from specrun.decode.sampling import Sampler
+    from specrun.llama import Eagle3Head, Model, MtpHeads
+
+__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "Source", "build"]
+
+
+@dataclass(frozen=True)
+class Makings:
+    """What a source may be made from."""
+
+    target: Model
+    draft: Model | None
+    heads: MtpHeads | None
+    eagle3: Eagle3Head | None
+    sampler: Sampler
+    rng: np.random.Generator
+    cost: CostModel
+    draft_max: int
+    ngram: tuple[int, int]
+
+
+# name -> how to make it (None: not possible with what is at hand)
+MAKERS: dict[str, Callable[[Makings], Source | None]] = {
+    "ngram": lambda m: NgramSource(*m.ngram, ends_line=lambda t: b"\n" in m.target.piece(t), ends_turn=m.target.is_eog),
+    "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.draft else None,
+    "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
+    "eagle3": lambda m: (
+        Eagle3Source(m.eagle3, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.eagle3 else None
+    ),
+}
+
+
+def build(names: list[str], makings: Makings) -> dict[str, Source]:
+    """The sources named that can be made (in the order given)."""
+    made = {name: MAKERS[name](makings) for name in names}
+    return {name: s for name, s in made.items() if s is not None}

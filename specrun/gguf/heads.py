@@ -1,0 +1,272 @@
+"""A model's own draft heads, from its GGUF header: what they are, and what they cost.
+
+A model trained with multi-token prediction (MTP) ships its heads inside its own GGUF, as the
+last ``{arch}.nextn_predict_layers`` of its ``{arch}.block_count`` blocks, each with
+``blk.N.nextn.*`` tensors (``eh_proj``, ``enorm``, ``hnorm``, ...). llama.cpp loads them only
+when asked (``load_mtp``) and runs them in a second context on the same model, whose KV cache
+holds only those blocks. The trunk's own cache leaves them out, so a header's KV estimate over
+every block (``ModelInfo.kv_bytes``) already counts the heads' cache, and its weights count
+their tensors: :class:`Heads` says which part of each is theirs.
+
+An EAGLE-3 head (arch ``eagle3``) and Gemma 4's MTP assistant (arch ``gemma4-assistant``) are
+files of their own, each trained for one target: :class:`HeadFile` says for which (its hidden
+size, the layers it reads), so a wrong pairing is refused before anything loads.
+
+Nothing here loads weights (of an EAGLE-3 head's tensors, only its ``d2t``, a list of token
+ids, is read, to check it): ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
+it in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specrun.gguf.header import TensorInfo, tensor_bytes
+
+if TYPE_CHECKING:
+    from specrun.gguf.facts import ModelFacts, ModelInfo
+
+# architectures llama.cpp (at the vendored commit) has an MTP graph for; their released
+# checkpoints usually ship the heads, so a file of one of them without heads lost them in
+# conversion or quantization
+MTP_ARCHS = frozenset(
+    {
+        "qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32",
+        "deepseek4", "step35", "mimo2", "hy_v3", "bailingmoe3", "cohere2moe", "nemotron_h_moe",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Heads:
+    """The MTP heads a target carries (``count`` 0: none)."""
+
+    architecture: str
+    count: int  # {arch}.nextn_predict_layers
+    first_block: int  # blk.N of the first head (the heads are the last blocks)
+    weights_bytes: int  # their tensors
+    kv_bytes_per_token: int  # their KV cache (f16), per context position
+    supported: bool  # llama.cpp has an MTP graph for this architecture
+
+    @property
+    def chained(self) -> bool:
+        """Several heads run as a chain, head i making a draft's guess i, so a draft is at most
+        ``count`` long (llama.cpp's rule, common/speculative.cpp: more than one head, in the
+        target's file; step35, mimo2 and hy_v3 ship several)."""
+        return self.count > 1
+
+    @property
+    def max_draft(self) -> int | None:
+        """The longest draft the heads can make; None: no bound (one head fed back its own state)."""
+        return self.count if self.chained else None
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        return self.kv_bytes_per_token * n_ctx
+
+    def memory(self, n_ctx: int) -> int:
+        """Weights plus KV cache at ``n_ctx``: what loading them adds to the target."""
+        return self.weights_bytes + self.kv_bytes(n_ctx)
+
+    @property
+    def usable(self) -> bool:
+        return self.count > 0 and self.supported
+
+    def describe(self) -> str:
+        """'built-in MTP: 1 head', or why there are none to use."""
+        if self.count == 0:
+            return "built-in MTP: none"
+        n = f"{self.count} head{'s' if self.count > 1 else ''}"
+        if not self.supported:
+            return f"built-in MTP: {n}, but llama.cpp has no MTP graph for {self.architecture}"
+        return f"built-in MTP: {n}" + (", chained (one per draft position)" if self.chained else "")
+
+    def stripped_note(self) -> str | None:
+        """For a file of a family that usually ships heads but has none, a note saying so."""
+        if self.count == 0 and self.supported:
+            return (
+                f"{self.architecture} models usually ship MTP heads, but this file has none "
+                "(nextn_predict_layers is 0): the conversion or quant may have stripped them"
+            )
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "count": self.count,
+            "first_block": self.first_block if self.count else None,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "supported": self.supported,
+            "chained": self.chained,
+            "note": self.stripped_note(),
+        }
+
+
+def heads_of(m: ModelInfo) -> Heads:
+    """The MTP heads ``m``'s header declares (their bytes from the tensors of those blocks). A
+    head file (an assistant is all MTP blocks) has none of a trunk's: see :class:`HeadFile`."""
+    count = max(0, min(m.n_nextn, m.n_layer)) if m.architecture not in HEAD_FILE_ARCHS else 0
+    first = m.n_layer - count
+    prefixes = tuple(f"blk.{i}." for i in range(first, m.n_layer))
+    weights = sum(t.nbytes for t in m.header.tensors if count and t.name.startswith(prefixes))
+    per = m.head_dim_k + m.head_dim_v
+    kv = sum(int(h * per * 2) for h in m.n_head_kv[first : m.n_layer]) if count else 0
+    return Heads(m.architecture, count, first, weights, kv, m.architecture in MTP_ARCHS)
+
+
+# --- draft heads in a file of their own, for one target -----------------------------------------
+
+# architecture -> (the draft source it is, the target architecture it serves; None: any)
+HEAD_FILE_ARCHS = {"eagle3": ("eagle3", None), "gemma4-assistant": ("mtp", "gemma4")}
+MAX_D2T = 1 << 22  # a d2t longer than this maps more tokens than any vocabulary has: not read
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """What the header of a draft head shipped as a GGUF of its own says about the target it
+    was trained for: an EAGLE-3 head (arch ``eagle3``) or Gemma 4's MTP assistant (arch
+    ``gemma4-assistant``).
+
+    An EAGLE-3 head drafts from three of its target's layer inputs at each position, fused by
+    its own encoder, and borrows the target's token embeddings and output head where the file
+    has none: it serves a target of the hidden size it was trained on
+    (``eagle3.target_hidden_size``) that has the layers it reads (``eagle3.target_layers``).
+    Gemma 4's assistant reads the target's final state (``{arch}.embedding_length_out`` wide)
+    and attends over its KV cache: it serves a Gemma 4 target of that width. Either, like any
+    draft, needs the target's vocabulary."""
+
+    architecture: str
+    target_hidden: int
+    target_layers: tuple[int, ...] = ()  # EAGLE-3: the target's layers it reads
+    own_embeddings: bool = False  # token_embd in the file (EAGLE-3: else the target's)
+    own_output: bool = False  # output in the file (EAGLE-3: else the target's head)
+    draft_vocab: int | None = None  # EAGLE-3's d2t: it guesses among this many tokens, mapped to the target's
+    d2t_top: int | None = None  # the largest target token id its d2t maps to
+    d2t_fault: str | None = None  # what is wrong with its d2t by itself (llama.cpp would abort on it)
+
+    @property
+    def source(self) -> str:
+        """The draft source it is: ``eagle3``, or ``mtp`` (an assistant is MTP heads in a file)."""
+        return HEAD_FILE_ARCHS[self.architecture][0]
+
+    @property
+    def kind(self) -> str:
+        return "an EAGLE-3 head" if self.source == "eagle3" else "Gemma 4's MTP assistant"
+
+    def describe(self) -> str:
+        """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29; guesses among 32000
+        of its tokens, d2t)'."""
+        if self.source == "eagle3":
+            layers = ", ".join(str(i) for i in self.target_layers)
+            d2t = f"; guesses among {self.draft_vocab} of its tokens, d2t" if self.draft_vocab is not None else ""
+            return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers}{d2t})"
+        return f"Gemma 4 MTP assistant for a {self.target_hidden}-wide {HEAD_FILE_ARCHS[self.architecture][1]} target"
+
+    def mismatch(self, t: ModelFacts) -> str | None:
+        """Why this head cannot draft for target ``t`` (from headers), or None. (llama.cpp can
+        also give an EAGLE-3 head a target's final state as the layer n_layer, through its MTP
+        output; specrun reads layer inputs only.)"""
+        want = HEAD_FILE_ARCHS[self.architecture][1]
+        if t.architecture in HEAD_FILE_ARCHS:
+            return f"{t.path.name} is a draft head itself, not a target"
+        if want is not None and t.architecture != want:
+            return f"it drafts for {want} targets, and {t.path.name} is {t.architecture}"
+        if self.target_hidden != t.n_embd:
+            return f"it was trained for a {self.target_hidden}-wide target, and {t.path.name} is {t.n_embd} wide"
+        if self.source == "eagle3":
+            if len(self.target_layers) != 3:
+                return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
+            if not all(0 <= i < t.n_layer for i in self.target_layers):
+                return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+            if self.draft_vocab is not None:
+                return self._d2t_mismatch(t)
+        return None
+
+    def _d2t_mismatch(self, t: ModelFacts) -> str | None:
+        """Why llama.cpp could not scatter this head's guesses into ``t``'s vocabulary through its
+        d2t (src/models/eagle3.cpp: one target id per row of its output head, written with
+        ``ggml_set_rows`` into a row of -inf; an id past the row, or a row count that is not the
+        head's, is an assert that ends the process), or None."""
+        n = self.draft_vocab
+        if self.d2t_fault is not None:
+            return f"its d2t {self.d2t_fault}"
+        if n is not None and n > t.n_vocab:
+            return f"its d2t maps {n} tokens, more than the {t.n_vocab} of {t.path.name}"
+        if self.d2t_top is not None and self.d2t_top >= t.n_vocab:
+            return f"its d2t maps to token {self.d2t_top}, past the {t.n_vocab} tokens of {t.path.name}"
+        if not self.own_output and n != t.n_vocab:
+            return f"its d2t maps {n} tokens, and it has no output head of its own (the target's has {t.n_vocab} rows)"
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "architecture": self.architecture,
+            "source": self.source,
+            "target_hidden_size": self.target_hidden,
+            "target_layers": list(self.target_layers),
+            "own_embeddings": self.own_embeddings,
+            "own_output": self.own_output,
+            "draft_vocab": self.draft_vocab,
+            "d2t_top": self.d2t_top,
+            "d2t_fault": self.d2t_fault,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeadFile:
+        vocab, top, fault = d["draft_vocab"], d["d2t_top"], d["d2t_fault"]
+        return cls(str(d["architecture"]), int(d["target_hidden_size"]), tuple(int(i) for i in d["target_layers"]),
+                   bool(d["own_embeddings"]), bool(d["own_output"]), None if vocab is None else int(vocab),
+                   None if top is None else int(top), None if fault is None else str(fault))  # fmt: skip
+
+
+def head_file_of(m: ModelInfo) -> HeadFile | None:
+    """The draft head ``m``'s header describes (None: ``m`` is not one)."""
+    if m.architecture not in HEAD_FILE_ARCHS:
+        return None
+    arch = m.architecture
+    tensors = {t.name: t for t in m.header.tensors}
+    if HEAD_FILE_ARCHS[arch][0] == "mtp":  # the assistant's states are the target's final ones
+        hidden = m.header.get(f"{arch}.embedding_length_out")
+        return HeadFile(arch, int(hidden) if isinstance(hidden, (int, np.integer)) else 0, own_embeddings=True, own_output=True)
+    raw = m.header.get(f"{arch}.target_layers")
+    layers = tuple(int(i) for i in raw) if raw is not None and not isinstance(raw, (str, bytes)) else ()
+    hidden = m.header.get(f"{arch}.target_hidden_size")
+    d2t = tensors.get("d2t")
+    top, fault = _read_d2t(m, d2t, tensors.get("output.weight")) if d2t is not None else (None, None)
+    return HeadFile(
+        arch,
+        int(hidden) if isinstance(hidden, (int, np.integer)) else 0,
+        layers,
+        "token_embd.weight" in tensors,
+        "output.weight" in tensors,
+        int(d2t.shape[0]) if d2t is not None else None,
+        top,
+        fault,
+    )
+
+
+def _read_d2t(m: ModelInfo, d2t: TensorInfo, output: TensorInfo | None) -> tuple[int | None, str | None]:
+    """(the largest target id, what is wrong) of an EAGLE-3 head's d2t, read from the file (a
+    few hundred KB). llama.cpp's converter writes it as I64 absolute target ids, one per row
+    of the head's output, all distinct (HF's offsets plus their row numbers)."""
+    n = d2t.shape[0]
+    if d2t.type_name != "I64" or len(d2t.shape) != 1:
+        return None, f"is {d2t.type_name} of shape {list(d2t.shape)}, and llama.cpp reads a list of I64 token ids"
+    if output is not None and (len(output.shape) != 2 or output.shape[1] != n):
+        return None, f"maps {n} tokens, and its output head has {output.shape[-1]} rows"
+    if n > MAX_D2T:
+        return None, f"maps {n} tokens, more than any vocabulary"
+    ids = np.frombuffer(tensor_bytes(m.header, d2t), dtype="<i8")
+    if ids.min() < 0:
+        return None, f"holds a negative token id ({int(ids.min())})"
+    if len(np.unique(ids)) != n:
+        return None, "maps two of its tokens to one target token"
+    return int(ids.max()), None
+
+
+def model_json(m: ModelInfo) -> dict:
+    """What ``inspect --json`` says of ``m``: its header's facts and the draft heads it declares."""
+    h = head_file_of(m)
+    return {**m.to_json(), "mtp_heads": heads_of(m).to_json(), "draft_head": h.to_json() if h is not None else None}

@@ -1,0 +1,152 @@
+"""The stream layer: the engine's rounds as a stream of frozen events, for every front end.
+
+``stream_generate`` wraps ``Engine.generate`` (which yields token ids per round) and is the only
+place that turns tokens into text. Each :class:`Event` carries the text the round completed
+(never half a UTF-8 character, never any part of a stop string), the round's token ids,
+which of them came from an accepted draft, a snapshot of the run's statistics, and on the
+last event the ``finish_reason``:
+
+* ``stop``: the model ended its turn (an end-of-generation token, left out of the text);
+* ``length``: ``max_tokens`` were generated;
+* ``context``: the context is full;
+* ``stop_string``: one of the ``stop`` strings appeared (it and what follows are not emitted);
+* ``interrupted``: the ``cancel`` event was set (a signal, a client that went away).
+
+A stop string may span rounds: text that could be the start of one is held back until the
+next round shows whether it is.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from specrun.decode.engine import Engine
+from specrun.decode.stats import RunStats
+from specrun.run.text import Utf8Stream
+
+__all__ = ["Detokenizer", "Event", "stream_generate", "stop_scan"]
+
+
+@dataclass(frozen=True)
+class Event:
+    text: str  # new text
+    tokens: tuple[int, ...]  # this round's token ids (an end-of-generation token included)
+    from_draft: tuple[bool, ...]  # per token: was it a draft the target accepted?
+    stats: RunStats  # the run so far (a snapshot: later rounds do not change it)
+    finish_reason: str | None = None  # set on the last event only
+    # ``text`` cut into runs of (text, the source of the accepted drafts it came from, or None
+    # for the target's own tokens), for a display that tints them
+    segments: tuple[tuple[str, str | None], ...] = ()
+
+
+def stop_scan(text: str, stops: Sequence[str]) -> tuple[int, bool]:
+    """How much of ``text`` may be emitted, and whether a stop string was found there: up to
+    the first stop string, or else all but a tail that could be the start of one."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if hits:
+        return min(hits), True
+    return len(text) - max((_overlap(text, s) for s in stops), default=0), False
+
+
+def _overlap(text: str, stop: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+Segments = list[tuple[str, Optional[str]]]  # runs of (text, draft source or None)
+
+
+def _take(segments: Segments, n: int) -> tuple[Segments, Segments]:
+    """Split runs of (text, source) after ``n`` characters."""
+    head: Segments = []
+    for i, (text, flag) in enumerate(segments):
+        if n <= 0:
+            return head, segments[i:]
+        if len(text) <= n:
+            head.append((text, flag))
+            n -= len(text)
+        else:
+            head.append((text[:n], flag))
+            return head, [(text[n:], flag), *segments[i + 1 :]]
+    return head, []
+
+
+def _event(segments: Segments, tokens, sources, stats: RunStats, reason: str | None = None) -> Event:
+    merged: Segments = []
+    for text, flag in segments:
+        if merged and merged[-1][1] == flag:
+            merged[-1] = (merged[-1][0] + text, flag)
+        elif text:
+            merged.append((text, flag))
+    flags = tuple(s is not None for s in sources)
+    return Event("".join(t for t, _ in merged), tuple(tokens), flags, stats.snapshot(), reason, tuple(merged))
+
+
+class Detokenizer:
+    """Token ids in, text out: never half a UTF-8 character, never any part of a stop string.
+
+    ``feed`` takes one round's tokens (with, per token, the source of the accepted draft it
+    was, or None) and returns the runs of (text, source) now safe to show, and whether a stop
+    string ended the text."""
+
+    def __init__(self, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], stops: Sequence[str] = ()):
+        self.piece, self.is_eog = piece, is_eog
+        self.stops = [s for s in stops if s]
+        self.utf8 = Utf8Stream()
+        self.pending: Segments = []  # decoded, not yet shown: it could start a stop string
+
+    def feed(self, tokens: Sequence[int], sources: Sequence[str | None]) -> tuple[Segments, bool]:
+        for t, src in zip(tokens, sources):
+            if not self.is_eog(t):
+                self.pending.append((self.utf8.feed(self.piece(t)), src))
+        return self._release()
+
+    def finish(self) -> tuple[Segments, bool]:
+        """The end of the text: whatever was held back, unless it completes a stop string."""
+        self.pending.append((self.utf8.flush(), None))
+        out, hit = self._release()
+        if not hit:
+            out, self.pending = out + self.pending, []
+        return out, hit
+
+    def _release(self) -> tuple[Segments, bool]:
+        n, hit = stop_scan("".join(t for t, _ in self.pending), self.stops)
+        out, self.pending = _take(self.pending, n)
+        if hit:
+            self.pending = []
+        return out, hit
+
+
+def stream_generate(
+    engine: Engine,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    stop: Sequence[str] = (),
+    cancel: threading.Event | None = None,
+) -> Iterator[Event]:
+    """Generate from ``prompt`` token ids, one event per round, then a last event with the
+    finish reason (its text is whatever was held back, possibly empty)."""
+    text = Detokenizer(engine.target.piece, engine.target.is_eog, stop)
+    stats = RunStats()
+    gen = engine.generate(prompt, max_tokens, cancel, stats)
+    try:
+        for step in gen:
+            flags = [step.round.source if i < step.n_from_draft else None for i in range(len(step.tokens))]
+            out, hit = text.feed(step.tokens, flags)
+            if hit:
+                stats.finish_reason = "stop_string"
+                yield _event(out, step.tokens, flags, stats, "stop_string")
+                return
+            yield _event(out, step.tokens, flags, stats)
+    finally:
+        gen.close()  # the engine's own finally records its finish reason and time
+    out, hit = text.finish()
+    stats.finish_reason = "stop_string" if hit else stats.finish_reason or "interrupted"
+    yield _event(out, (), (), stats, stats.finish_reason)
