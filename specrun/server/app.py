@@ -36,6 +36,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from specrun.decode.engine import Settings
 from specrun.decode.sampling import Sampler
@@ -199,66 +200,53 @@ class _TooBig(Exception):
     pass
 
 
-def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
-    app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
-    template = model_template(host.pair)
-    shows_tools = renders_tools(template)  # on the main thread, where the template's time limit applies
-    call_format = tool_format(template.source) if shows_tools else None
-    app.add_middleware(BodyLimit, limit=served.max_body)
-    key = served.api_key.encode() if served.api_key else None
+class Api:
+    """What the routes share: the engine host, what is served, its chat template, the key."""
 
-    def name_of(setting: str) -> str:
-        return PARAMS.get(setting) or f"the server's {served.flag_name(setting)}"
+    def __init__(self, host: Host, served: Served, metrics: Metrics):
+        self.host, self.served, self.metrics = host, served, metrics
+        self.template = model_template(host.pair)
+        self.shows_tools = renders_tools(self.template)  # on the main thread, where the template's time limit applies
+        self.call_format = tool_format(self.template.source) if self.shows_tools else None
+        self.key = served.api_key.encode() if served.api_key else None
 
-    def api_error(e: BaseException, status: int = 400) -> ApiError:
+    def name_of(self, setting: str) -> str:
+        return PARAMS.get(setting) or f"the server's {self.served.flag_name(setting)}"
+
+    def api_error(self, e: BaseException, status: int = 400) -> ApiError:
         if isinstance(e, ApiError):
             return e
         if isinstance(e, ShuttingDown):
             return ApiError(503, "the server is shutting down", None, "shutting_down")
         if isinstance(e, SpecrunError):
             param = PARAMS.get(e.field or "") if e.field else None
-            return ApiError(status, e.render(name_of), param, "context_length_exceeded" if e.field == "n_ctx" else None)
+            return ApiError(status, e.render(self.name_of), param, "context_length_exceeded" if e.field == "n_ctx" else None)
         return ApiError(500, f"internal error: {type(e).__name__}: {e}", None, "internal_error")
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: HttpRequest, e: ApiError):
-        return _error_response(e)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: HttpRequest, e: StarletteHTTPException):
-        what = {404: f"no route {request.method} {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        return _error_response(
-            ApiError(e.status_code, what.get(e.status_code, str(e.detail)), None, "not_found" if e.status_code == 404 else None)
-        )
-
-    @app.exception_handler(Exception)
-    async def _internal(request: HttpRequest, e: Exception):
-        return _error_response(api_error(e))
-
-    def authorize(request: HttpRequest) -> None:
-        if key is None:
+    def authorize(self, request: HttpRequest) -> None:
+        if self.key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         # constant-time: the comparison takes as long whatever the first wrong byte is
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.key):
             raise ApiError(401, "a valid API key is required: send Authorization: Bearer KEY", None, "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})  # fmt: skip
 
-    async def parse(request: HttpRequest, model: type[_Req]) -> _Req:
-        authorize(request)
-        data = load_object(await request.body())
+    async def parse(self, request: HttpRequest, model: type[_Req]) -> _Req:
+        self.authorize(request)
+        data = load_object(await request.body())  # a client gone mid-body: ClientDisconnect, answered by _client_gone
         try:
             req = model.model_validate(data)
         except ValidationError as e:
             param, msg = param_of(e)
             raise ApiError(422, msg, param, "invalid_value") from None
         req.check_unsupported()
-        if req.model is not None and not served.accepts(req.model):
-            names = ", ".join((served.name, *served.aliases))
+        if req.model is not None and not self.served.accepts(req.model):
+            names = ", ".join((self.served.name, *self.served.aliases))
             raise ApiError(404, f"model {req.model!r} is not served here; this server serves {names}", "model", "model_not_found")
         return req
 
-    def drafting(req) -> tuple[Settings, Sampler]:
+    def drafting(self, req) -> tuple[Settings, Sampler]:
         """The server's settings with the request's overrides (validated by the core values)."""
         spec = req.speculative
         changes: dict[str, Any] = {}
@@ -272,11 +260,11 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         if picks.get("seed") == -1:  # llama-server's "random"
             picks["seed"] = None
         try:
-            return dataclasses.replace(served.settings, **changes), dataclasses.replace(served.sampler, **picks)
+            return dataclasses.replace(self.served.settings, **changes), dataclasses.replace(self.served.sampler, **picks)
         except UsageError as e:
-            raise ApiError(422, e.render(name_of), PARAMS.get(e.field or ""), "invalid_value") from None
+            raise ApiError(422, e.render(self.name_of), PARAMS.get(e.field or ""), "invalid_value") from None
 
-    async def run(request: HttpRequest, r: Request, stream: bool, shape: _Shape):
+    async def run(self, request: HttpRequest, r: Request, stream: bool, shape: _Shape):
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
 
@@ -287,14 +275,14 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
                 pass
 
         client = request.client.host if request.client else "-"
-        job = Job(r, post, label=f"#{host.next_id()} {r.kind} {client}", stream=stream)
+        job = Job(r, post, label=f"#{self.host.next_id()} {r.kind} {client}", stream=stream)
         try:
-            host.submit(job)
+            self.host.submit(job)
         except Busy as e:
-            metrics.rejected.inc()
+            self.metrics.rejected.inc()
             raise ApiError(429, f"{e}; retry in {e.retry_after} s", None, "queue_full", {"Retry-After": str(e.retry_after)}) from None
         except ShuttingDown as e:
-            raise api_error(e) from None
+            raise self.api_error(e) from None
         try:
             kind, payload = await _next(inbox, request, job)
         except _ClientGone:
@@ -303,18 +291,18 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
             job.cancel.set()
             raise
         if kind == "error":
-            raise api_error(payload)
+            raise self.api_error(payload)
         start: Start = payload
         headers = {"X-Specrun-Notice": "; ".join(start.notices)} if start.notices else {}
         if stream:
             return StreamingResponse(
-                _events(inbox, job, start, shape, api_error), media_type="text/event-stream",
+                _events(inbox, job, start, shape, self.api_error), media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
             )  # fmt: skip
         try:  # one message: the last event, with the whole text
             kind, payload = await _next(inbox, request, job)
             if kind == "error":
-                raise api_error(payload)
+                raise self.api_error(payload)
         except _ClientGone:
             return Response(status_code=499)
         except BaseException:
@@ -324,6 +312,102 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
         if start.notices:
             body["notices"] = list(start.notices)
         return JSONResponse(body, headers=headers)
+
+    # --- routes --------------------------------------------------------------------------
+
+    async def health(self):
+        host = self.host
+        if host.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {
+            "status": "ok",
+            "model": self.served.name,
+            "busy": host.busy(),
+            "running": len(host.running),
+            "parallel": len(host.slots),
+            "queued": host.queue_length(),
+        }
+
+    async def prometheus(self):
+        return Response(self.metrics.text(), media_type=CONTENT_TYPE)
+
+    def model_card(self) -> dict:
+        s = self.served
+        return {
+            "id": s.name, "object": "model", "created": s.created, "owned_by": "specrun",
+            "aliases": list(s.aliases), "draft": s.draft_model, "meta": {"n_ctx": s.n_ctx, "draft": s.settings.mode},
+        }  # fmt: skip
+
+    async def models(self, request: HttpRequest):
+        self.authorize(request)
+        return {"object": "list", "data": [self.model_card()]}
+
+    async def model(self, model_id: str, request: HttpRequest):
+        self.authorize(request)
+        if not self.served.accepts(model_id):
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {self.served.name}", "model", "model_not_found")
+        return self.model_card()
+
+    async def chat(self, request: HttpRequest):
+        req = await self.parse(request, ChatRequest)
+        settings, sampler = self.drafting(req)
+        limit, limit_field = req.limit()
+        tools = req.calling()
+        name = self.served.name
+        if tools is not None and self.call_format is None:
+            why = "does not show tools to the model" if not self.shows_tools else "writes tool calls in a format specrun does not read"
+            raise ApiError(
+                400,
+                f"model {name!r} cannot call tools: its chat template {why} (specrun reads Hermes/Qwen <tool_call> and "
+                'Llama 3 JSON calls); send no tools (or tool_choice "none"), or serve a model whose template has tool calls',
+                "tools", "tools_not_supported",
+            )  # fmt: skip
+        # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
+        try:
+            text = render_chat(self.template, req.conversation(), self.host.warn, tools=tools)
+        except TemplateError as e:  # only with tools: without, the plain format stands in
+            raise ApiError(400, f"model {name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
+        add_special = not (self.template.bos_token and text.startswith(self.template.bos_token))
+        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
+        names = frozenset(t["function"]["name"] for t in tools or ())
+        shape = _Shape("chat", name, req.include_usage, self.call_format if tools else None, names, req.parallel_tool_calls is not False,
+                       req.include_drafts)  # fmt: skip
+        return await self.run(request, r, req.stream, shape)
+
+    async def completions(self, request: HttpRequest):
+        req = await self.parse(request, CompletionRequest)
+        settings, sampler = self.drafting(req)
+        text = req.prompt_text()
+        ids = () if text is not None else tuple(int(t) for t in req.prompt)
+        r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
+                    prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
+        shape = _Shape("completion", self.served.name, req.include_usage, drafts=req.include_drafts)
+        return await self.run(request, r, req.stream, shape)
+
+
+def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
+    app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=served.max_body)
+    api = Api(host, served, metrics)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: HttpRequest, e: ApiError):
+        return _error_response(e)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: HttpRequest, e: ClientDisconnect):
+        return Response(status_code=499)  # it left before its body was whole: nobody reads an answer, nothing to log
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: HttpRequest, e: StarletteHTTPException):
+        what = {404: f"no route {request.method} {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return _error_response(
+            ApiError(e.status_code, what.get(e.status_code, str(e.detail)), None, "not_found" if e.status_code == 404 else None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(request: HttpRequest, e: Exception):
+        return _error_response(api.api_error(e))
 
     @app.get("/", include_in_schema=False)
     async def page_index():
@@ -335,82 +419,14 @@ def create_app(host: Host, served: Served, metrics: Metrics) -> FastAPI:
             raise ApiError(404, f"no page file {name!r}", None, "not_found")
         return _page(name)
 
-    @app.get("/health")
-    async def health():
-        if host.stopping:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return {
-            "status": "ok",
-            "model": served.name,
-            "busy": host.busy(),
-            "running": len(host.running),
-            "parallel": len(host.slots),
-            "queued": host.queue_length(),
-        }
-
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.text(), media_type=CONTENT_TYPE)
-
-    def model_card() -> dict:
-        return {
-            "id": served.name, "object": "model", "created": served.created, "owned_by": "specrun",
-            "aliases": list(served.aliases), "draft": served.draft_model, "meta": {"n_ctx": served.n_ctx, "draft": served.settings.mode},
-        }  # fmt: skip
-
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
-    async def models(request: HttpRequest):
-        authorize(request)
-        return {"object": "list", "data": [model_card()]}
-
-    @app.get("/v1/models/{model_id:path}")
-    @app.get("/models/{model_id:path}", include_in_schema=False)
-    async def model(model_id: str, request: HttpRequest):
-        authorize(request)
-        if not served.accepts(model_id):
-            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {served.name}", "model", "model_not_found")
-        return model_card()
-
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions", include_in_schema=False)
-    async def chat(request: HttpRequest):
-        req = await parse(request, ChatRequest)
-        settings, sampler = drafting(req)
-        limit, limit_field = req.limit()
-        tools = req.calling()
-        if tools is not None and call_format is None:
-            why = "does not show tools to the model" if not shows_tools else "writes tool calls in a format specrun does not read"
-            raise ApiError(
-                400,
-                f"model {served.name!r} cannot call tools: its chat template {why} (specrun reads Hermes/Qwen <tool_call> and "
-                'Llama 3 JSON calls); send no tools (or tool_choice "none"), or serve a model whose template has tool calls',
-                "tools", "tools_not_supported",
-            )  # fmt: skip
-        # rendered here, on the main thread, where the sandbox's time limit (SIGALRM) applies
-        try:
-            text = render_chat(template, req.conversation(), host.warn, tools=tools)
-        except TemplateError as e:  # only with tools: without, the plain format stands in
-            raise ApiError(400, f"model {served.name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
-        add_special = not (template.bos_token and text.startswith(template.bos_token))
-        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
-        names = frozenset(t["function"]["name"] for t in tools or ())
-        shape = _Shape("chat", served.name, req.include_usage, call_format if tools else None, names, req.parallel_tool_calls is not False,
-                       req.include_drafts)  # fmt: skip
-        return await run(request, r, req.stream, shape)
-
-    @app.post("/v1/completions")
-    @app.post("/completions", include_in_schema=False)
-    async def completions(request: HttpRequest):
-        req = await parse(request, CompletionRequest)
-        settings, sampler = drafting(req)
-        text = req.prompt_text()
-        ids = () if text is not None else tuple(int(t) for t in req.prompt)
-        r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
-                    prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
-        shape = _Shape("completion", served.name, req.include_usage, drafts=req.include_drafts)
-        return await run(request, r, req.stream, shape)
-
+    app.get("/health")(api.health)
+    app.get("/metrics")(api.prometheus)
+    for prefix in ("/v1", ""):  # the routes also without /v1, for clients configured that way
+        shown = prefix == "/v1"
+        app.get(f"{prefix}/models", include_in_schema=shown)(api.models)
+        app.get(prefix + "/models/{model_id:path}", include_in_schema=shown)(api.model)
+        app.post(f"{prefix}/chat/completions", include_in_schema=shown)(api.chat)
+        app.post(f"{prefix}/completions", include_in_schema=shown)(api.completions)
     return app
 
 
