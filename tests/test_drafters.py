@@ -102,3 +102,59 @@ def test_after_an_insertion_the_copy_resumes_where_it_broke():
     while len(seq) < len(target):
         step(d, seq, 8, target)
     assert seq == target
+
+
+# --- copies from a reference (a predicted output) -------------------------------------------
+
+PROMPT_END = [1, 2, 3, 4, 5, 6]  # the prompt's last tokens, which open the reference
+
+
+def referring(prediction: list[int]) -> NgramDrafter:
+    d = NgramDrafter()
+    d.refer(PROMPT_END + prediction, len(PROMPT_END))
+    return d
+
+
+def test_a_reference_is_offered_from_its_start_and_only_it_is_copied():
+    """The reply's first tokens are the prediction's first; the prompt, though it holds a copy
+    of the same tokens, is not copied from (that is the n-gram source's)."""
+    prediction = [10, 11, 12, 13, 14, 15]
+    d = referring(prediction)
+    prompt = [10, 11, 12, 13, 14, 99, *PROMPT_END]
+    p = d.propose(prompt, 4)
+    assert p.tokens == [10, 11, 12, 13] and p.start == len(PROMPT_END) and p.match == len(PROMPT_END)
+    seq = prompt + [10, 11]
+    assert d.propose(seq, 8).tokens == [12, 13, 14, 15]  # it goes on to the reference's end, no further
+    d.refer(None)
+    assert d.propose(prompt + [10, 11], 3).tokens == [12, 13, 14]  # the sequence's own copy again
+
+
+def test_a_reference_copy_resumes_after_an_insertion_and_finds_its_place_after_a_deletion():
+    prediction = list(range(10, 40))
+    reply = prediction[:8] + [50, 51, 52] + prediction[8:20] + prediction[24:]  # 3 inserted after 17, 30..33 deleted
+    prompt = [7, *PROMPT_END]
+    target = prompt + reply
+    d, seq = referring(prediction), list(prompt)
+    offered = {}  # the sequence's last two tokens -> the copy offered after them
+    while len(seq) < len(target):
+        last = tuple(seq[-2:])
+        offered[last] = step(d, seq, 8, target)
+    assert seq == target
+    assert offered[(5, 6)] == prediction[:8]
+    assert offered[(18, 19)] == prediction[10:18]  # back at the break after the insertion: resumed there
+    assert offered[(34, 35)] == prediction[26:30]  # past the deletion: found its place again
+
+
+def test_a_reference_is_read_forward():
+    """After a deletion the sequence's suffix occurs behind (what the reply already wrote) and
+    twice ahead, each matching as far back: the copy goes on from the nearest ahead (the
+    sequence's own lookup would take the latest)."""
+    prediction = [10, 11, 12, 13, 14, 15, 50, 51, 12, 13, 60, 61, 12, 13, 70]
+    prompt = [7, *PROMPT_END]
+    target = prompt + [10, 11, 12, 13, 14, 15, 12, 13, 60, 61, 12, 13, 70]  # 50 51 deleted
+    d, seq = referring(prediction), list(prompt)
+    while seq[-2:] != [12, 13] or len(seq) < len(prompt) + 8:
+        step(d, seq, 6, target)
+    assert len(seq) == len(prompt) + 8
+    p = d.propose(seq, 3)
+    assert p.tokens == [60, 61, 12] and p.start == len(PROMPT_END) + 10

@@ -20,6 +20,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)  # q_i, the law each token was drawn from
     match: int = 0  # n-gram only: how many tokens before the guesses already match the source
+    start: int = 0  # n-gram only: where in the source the guesses are copied from
     confidences: list[float] = field(default_factory=list)  # model only: the draft's top-token probability per guess
     sync_s: float = 0.0  # model only: of the time spent, what went to catching the draft's cache up (a one-off)
     caught_up: int = 0  # model only: how many tokens that catch-up evaluated

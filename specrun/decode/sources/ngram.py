@@ -173,9 +173,12 @@ class NgramSource:
         self.fit = [f * DECAY for f in self.fit]
         kinds = self._posterior()  # each kind as the round began
         written, p = outcome.emitted, 0
-        copy, match, last = self.offer.tokens, self.offer.match, self.last
+        copy, match, last, src = self.offer.tokens, self.offer.match, self.last, self.offer.start
         while p < len(written):
-            p += self._score(copy, match, last, written[p:], kinds) if copy else 1  # no copy: a plain step
+            n = self._score(copy, match, last, written[p:], kinds) if copy else 1  # no copy: a plain step
+            if copy:
+                self._followed(src, written[p : p + n - 1])
+            p += n
             if p >= len(written) or len(self.drafter.seen) != self.before:  # the lookup did not index it
                 break
             seq = self.drafter.seen + written[:p]
@@ -198,6 +201,10 @@ class NgramSource:
             if x != y:
                 return j + 1
         return min(len(copy), len(written)) + 1
+
+    def _followed(self, start: int, written: Sequence[int]) -> None:
+        """The copy from source position ``start`` on was written as ``written`` (its tokens up to
+        the first miss; edits applied): a source that counts what the reply followed counts it."""
 
     def rollback(self, keep: int) -> None:
         pass  # the lookup rebuilds itself from the sequence
@@ -251,6 +258,10 @@ class NgramDrafter:
     the source at X, that was an insertion: the copy resumes at X, wherever else the same words
     occur, and the edit is dropped. A learned edit that turns out wrong is replaced by what the
     target wrote instead, or dropped.
+
+    Given a ``reference`` (``refer``), copies come from it alone instead of from the sequence:
+    the same lookup, continuing, edits and resuming, over a text the reply is expected to
+    follow (a predicted output), which the sequence's suffix is matched against.
     """
 
     name = "ngram"
@@ -267,27 +278,49 @@ class NgramDrafter:
         self._follow: tuple[int, int, int] | None = None  # (sequence length, source position, match) of a copy
         self.edits: dict[int, int] = {}  # source token -> what the target writes instead
         self._broke: list[int] = []  # where established copies broke since the last resumed (the source positions not written), newest last
+        self.reference: list[int] | None = None  # where copies come from (None: the sequence itself) ...
+        self._read = 0  # ... and in it, the furthest point a copy reached
 
-    def _update(self, tokens: list[int]) -> None:
-        n_old = len(self._seen)
-        if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
-            self._seen, self._index, self._follow, n_old = [], {}, None, 0
-            self.edits, self._broke = {}, []
-        # index n-grams that end before the current last token (the suffix itself is the query)
-        for end in range(max(n_old, 1), len(tokens)):
+    def refer(self, reference: list[int] | None, start: int = 0) -> None:
+        """Copy from ``reference`` from now on, not from the sequence (None: from the sequence
+        again). Its tokens before ``start`` are context only: a copy starts at ``start`` or later,
+        so a reference that opens with the prompt's last tokens is offered from its start."""
+        self.reference, self._read = reference, start
+        self._seen, self._index, self._follow, self.edits, self._broke = [], {}, None, {}, []
+        if reference is not None:
+            self._add(reference, max(start, 1))
+
+    def _source(self, tokens: list[int]) -> list[int]:
+        """The tokens copies come from, given the sequence."""
+        return tokens if self.reference is None else self.reference
+
+    def _add(self, tokens: list[int], first: int) -> None:
+        """Index the n-grams that end at ``first`` or later, before the last token (the suffix
+        itself is the query)."""
+        for end in range(first, len(tokens)):
             for n in range(self.n_min, self.n_max + 1):
                 if end - n >= 0:
                     seen = self._index.setdefault(tuple(tokens[end - n : end]), [])
                     seen.append(end)
                     if len(seen) > self.OCCURRENCES:
                         del seen[0]
+
+    def _update(self, tokens: list[int]) -> None:
+        n_old = len(self._seen)
+        if tokens[:n_old] != self._seen:  # the sequence was rolled back or replaced: rebuild
+            self._follow, n_old, self.edits, self._broke = None, 0, {}, []
+            if self.reference is None:
+                self._index = {}
+        if self.reference is None:
+            self._add(tokens, max(n_old, 1))
         self._seen = list(tokens)
 
     def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
         """Propose the k source tokens from ``src`` on, with the learned edits applied."""
         run = self.span(tokens, src, k)
         self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
-        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP))
+        self._read = max(self._read, src)
+        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP), start=src)
 
     @property
     def seen(self) -> list[int]:
@@ -296,8 +329,8 @@ class NgramDrafter:
 
     def span(self, tokens: list[int], src: int, k: int) -> list[int]:
         """The k source tokens from ``src`` on, with the learned edits applied."""
-        edits = self.edits
-        return [edits.get(t, t) for t in tokens[src : src + k]] if edits else tokens[src : src + k]
+        edits, run = self.edits, self._source(tokens)[src : src + k]
+        return [edits.get(t, t) for t in run] if edits else run
 
     def _continue(self, tokens: list[int], k: int) -> Proposal | None:
         """Go on with the copy under way, learning an edit where it broke. None: no copy."""
@@ -306,9 +339,10 @@ class NgramDrafter:
         seq_end, src, match = self._follow
         grown = len(tokens) - seq_end  # what the last round added: drafts accepted, then one token
         nxt = src + grown
-        if grown <= 0 or nxt >= len(tokens):
+        source = self._source(tokens)
+        if grown <= 0 or nxt >= len(source):
             return None
-        was = [self.edits.get(t, t) for t in tokens[src:nxt]]
+        was = [self.edits.get(t, t) for t in source[src:nxt]]
         got = tokens[seq_end:]
         if got == was:
             if self._broke and self._broke[-1] == src - 1:
@@ -316,7 +350,7 @@ class NgramDrafter:
             return self._copy(tokens, nxt, k, match + grown)
         if got[:-1] != was[:-1]:  # pragma: no cover - a round only ever differs at its last token
             return None
-        source_token, written = tokens[nxt - 1], got[-1]
+        source_token, written = source[nxt - 1], got[-1]
         if written == source_token:
             self.edits.pop(source_token, None)  # a learned edit was wrong here: the source stands
         elif match + grown - 1 >= self.EDIT_MIN_MATCH:  # the copy had matched this much before the break
@@ -330,11 +364,13 @@ class NgramDrafter:
     def _resume(self, tokens: list[int], k: int) -> Proposal | None:
         """If the sequence ends with the source from where a copy broke (``n_min`` tokens of
         it at least), the copy from there: the break was an insertion."""
-        end = len(tokens)
+        end, source = len(tokens), self._source(tokens)
         for p in reversed(self._broke):
             for n in range(self.n_max, self.n_min - 1, -1):
-                if p + n < end - n and tokens[end - n :] == tokens[p : p + n]:
-                    self.edits.pop(tokens[p], None)  # the break was not a replacement of tokens[p]
+                # something left to copy after the n tokens: in the sequence, before its suffix
+                left = p + n < (end - n if self.reference is None else len(source))
+                if left and tokens[end - n :] == source[p : p + n]:
+                    self.edits.pop(source[p], None)  # the break was not a replacement of source[p]
                     self._broke = []
                     return self._copy(tokens, p + n, k, n)
         return None
@@ -358,20 +394,26 @@ class NgramDrafter:
         return self._copy(tokens, src, k, match) if match else Proposal()
 
     def lookup(self, seq: list[int]) -> tuple[int, int]:
-        """Where a copy after ``seq`` would start in the sequence indexed so far, and how far back
-        its match goes (0: no copy); ``seq`` may run past what is indexed (drafts not yet
-        verified). Of the longest suffix's occurrences, the one matching furthest back wins."""
-        end = len(seq)
+        """Where a copy after ``seq`` would start in the sequence indexed so far (or the
+        reference), and how far back its match goes (0: no copy); ``seq`` may run past what is
+        indexed (drafts not yet verified). Of the longest suffix's occurrences, the one matching
+        furthest back wins, the latest on a tie. A reference is read forward: of the occurrences
+        at or past the furthest point a copy reached, the nearest wins (after a deletion, the
+        text right after it, not a twin further on or one the reply already wrote); only if
+        there are none, the one matching furthest back."""
+        end, source = len(seq), self._source(seq)
         for n in range(self.n_max, self.n_min - 1, -1):
             if end <= n:
                 continue
-            best, best_match = 0, 0
-            for src in reversed(self._index.get(tuple(seq[end - n :]), ())):  # latest first: it wins ties
+            found = []
+            for src in self._index.get(tuple(seq[end - n :]), ()):
                 match = n
-                while match < self.MATCH_CAP and match < src and seq[end - 1 - match] == seq[src - 1 - match]:
+                while match < self.MATCH_CAP and match < min(src, end) and seq[end - 1 - match] == source[src - 1 - match]:
                     match += 1
-                if match > best_match:
-                    best, best_match = src, match
-            if best_match:
-                return best, best_match
+                found.append((src, match))
+            ahead = [f for f in found if f[0] >= self._read] if self.reference is not None else []
+            if ahead:
+                return min(ahead)
+            if found:
+                return max(found, key=lambda f: (f[1], f[0]))
         return 0, 0
