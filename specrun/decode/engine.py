@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -23,7 +23,7 @@ from specrun.decode import sources as draft_sources
 from specrun.decode.chooser import Chooser, Plan
 from specrun.decode.costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
 from specrun.decode.learned import Learned
-from specrun.decode.round import Proposal, Round, common_prefix
+from specrun.decode.round import Prediction, Proposal, Round, common_prefix
 from specrun.decode.sampling import Sampler, accept_or_resample
 from specrun.decode.sources import ModelSource, Source
 from specrun.decode.sources.base import STORED_WEIGHT, Rate
@@ -44,6 +44,8 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
 TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration sees a few rows only)
+PREDICTED = "prediction"  # the source a reply's prediction drafts from, in every mode that drafts: it joins the
+# others at the first reply that comes with a prediction (an engine that never gets one, the CLI's, has none to explain)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,16 +238,17 @@ class Engine:
         self.rng = sampler.rng()
         self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
-        self.sources: dict[str, Source] = draft_sources.build(
-            settings.sources,
-            draft_sources.Makings(
-                target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max)
-            ),
-        )
+        self.prediction = Prediction()  # the reply's (see generate)
+        self.makings = draft_sources.Makings(
+            target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max),
+            self.prediction,
+        )  # fmt: skip
+        self.sources: dict[str, Source] = draft_sources.build(settings.sources, self.makings)
         for src in self.sources.values():
             if isinstance(src, Autoregressive) and settings.fixed:
                 src.p_min = settings.p_min
         self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.draft_max, fixed=settings.fixed)
+        self.stored = learned.sources if learned is not None else {}  # what each source learned before
         if learned is not None:
             for name, src in self.sources.items():
                 src.load(learned.sources.get(name) or {})
@@ -354,12 +357,24 @@ class Engine:
     # --- generation ---------------------------------------------------------------------
 
     def generate(
-        self, prompt: list[int], max_tokens: int, stop: threading.Event | None = None, stats: RunStats | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        stop: threading.Event | None = None,
+        stats: RunStats | None = None,
+        prediction: Sequence[int] = (),
     ) -> Generator[Step, None, None]:
         """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``.
         ``stats`` (a fresh one if not given) is filled in as the run goes, also when it ends
-        before its first round."""
+        before its first round. ``prediction``: the tokens the reply is expected to be, mostly
+        (a draft source of their own; the output is the same with or without)."""
         stats = stats if stats is not None else RunStats()
+        if prediction and self.sources and PREDICTED not in self.sources:  # (the chooser shares the dict)
+            for name, src in draft_sources.build([PREDICTED], self.makings).items():
+                src.load(self.stored.get(name) or {})
+                self.sources[name] = src
+        self.prediction.tokens, self.prediction.followed = tuple(prediction), 0  # before prefill: the sources' begin reads it
+        stats.n_predicted = len(prediction)
         t0 = now()
         stats.n_prompt_tokens = self.prefill(prompt)
         stats.n_cached_tokens = len(prompt) - stats.n_prompt_tokens
@@ -404,6 +419,7 @@ class Engine:
                     self.cost.observe_rollback(r.stats.rollback_s)
                 for src in sources:
                     src.observe(r)
+                stats.n_prediction_followed = self.prediction.followed
                 if not settling:  # a settling step's row is the near-tie that deferred it, counted already
                     self.chooser.observe_ties(r.stats.checked, r.stats.ties)
                 emitted = r.emitted

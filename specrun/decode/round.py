@@ -1,6 +1,7 @@
 """The records of a round, shared by the engine and every source: the ``Proposal`` a source
 hands the engine (its guesses, with the law each was drawn from, needed for exact sampling),
-and the ``Round`` the engine made of it, which every source observes afterwards."""
+and the ``Round`` the engine made of it, which every source observes afterwards; and the
+reply's ``Prediction``, which the engine sets and a source drafts from."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ class Round:
     emitted: list[int]  # the tokens to append: ``accepted`` drafts, then (unless deferred) one of the target's own
     deferred: bool  # greedy: the position after the accepted drafts was a near-tie, left to a plain round
     stats: RoundStats
+
+
+@dataclass
+class Prediction:
+    """The reply's expected text as tokens (OpenAI's Predicted Outputs), set by the engine before
+    each reply (empty: none), and how much of it the reply followed, counted by the source that
+    drafts from it: each prediction token the target wrote where the prediction had it, once."""
+
+    tokens: tuple[int, ...] = ()
+    followed: int = 0
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:

@@ -53,6 +53,8 @@ class RunStats:
     finish_reason: str | None = None
     last_round: RoundStats | None = None
     idle_reason: str | None = None  # why the chooser drafts little or nothing lately, in words
+    n_predicted: int = 0  # the request's prediction, in tokens (OpenAI's Predicted Outputs; 0: none) ...
+    n_prediction_followed: int = 0  # ... and of those, the ones the reply wrote where the prediction had them
 
     def snapshot(self) -> RunStats:
         """A copy that later rounds do not change."""
@@ -93,7 +95,7 @@ class RunStats:
         """Add another run's numbers to this one (a chat session's running total)."""
         for name in (
             "n_prompt_tokens n_cached_tokens n_generated prompt_s wall_s draft_s verify_s sample_s n_rounds "
-            "n_target_decodes n_drafted n_accepted n_drafted_rounds"
+            "n_target_decodes n_drafted n_accepted n_drafted_rounds n_predicted n_prediction_followed"
         ).split():
             setattr(self, name, getattr(self, name) + getattr(other, name))
         add_per_position(self.proposed_at, self.accepted_at, other)

@@ -130,12 +130,14 @@ def stream_generate(
     *,
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
+    prediction: Sequence[int] = (),
 ) -> Iterator[Event]:
     """Generate from ``prompt`` token ids, one event per round, then a last event with the
-    finish reason (its text is whatever was held back, possibly empty)."""
+    finish reason (its text is whatever was held back, possibly empty). ``prediction``: token
+    ids the reply is expected to mostly be (see ``Engine.generate``)."""
     text = Detokenizer(engine.target.piece, engine.target.is_eog, stop)
     stats = RunStats()
-    gen = engine.generate(prompt, max_tokens, cancel, stats)
+    gen = engine.generate(prompt, max_tokens, cancel, stats, prediction)
     try:
         for step in gen:
             flags = [step.round.source if i < step.n_from_draft else None for i in range(len(step.tokens))]

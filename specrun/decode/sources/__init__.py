@@ -6,14 +6,16 @@ Adding a source is a module with a class that fits ``base.Source`` and one line 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specrun.decode.round import Prediction
 from specrun.decode.sources.base import Source
 from specrun.decode.sources.eagle3 import Eagle3Source
 from specrun.decode.sources.model import ModelSource
 from specrun.decode.sources.mtp import MtpSource
 from specrun.decode.sources.ngram import NgramSource
+from specrun.decode.sources.prediction import PredictionSource
 
 if TYPE_CHECKING:
     import numpy as np
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from specrun.decode.sampling import Sampler
     from specrun.llama import Eagle3Head, Model, MtpHeads
 
-__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "Source", "build"]
+__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "build"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,18 @@ class Makings:
     cost: CostModel
     draft_max: int
     ngram: tuple[int, int]
+    prediction: Prediction = field(default_factory=Prediction)  # the reply's, set by the engine before each
+
+
+def _ends_line(m: Makings) -> Callable[[int], bool]:
+    """Does a token's text hold a line break? (the copy sources price a new line apart)"""
+    return lambda t: b"\n" in m.target.piece(t)
 
 
 # name -> how to make it (None: not possible with what is at hand)
 MAKERS: dict[str, Callable[[Makings], Source | None]] = {
-    "ngram": lambda m: NgramSource(*m.ngram, ends_line=lambda t: b"\n" in m.target.piece(t), ends_turn=m.target.is_eog),
+    "ngram": lambda m: NgramSource(*m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
+    "prediction": lambda m: PredictionSource(m.prediction, *m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.draft else None,
     "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
     "eagle3": lambda m: (
