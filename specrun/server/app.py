@@ -108,13 +108,17 @@ def timings(s: RunStats) -> dict:
 
 
 def usage(start: Start, s: RunStats) -> dict:
-    """OpenAI's ``usage``; the prediction-token details are what speculation accepted and rejected."""
+    """OpenAI's ``usage``. The prediction-token details are about the request's ``prediction``
+    (0 and 0 without one): its tokens the reply wrote where the prediction had them, and the
+    rest of its tokens, so the two add up to the prediction's length (what speculation drafted
+    and accepted overall is in ``timings``)."""
+    followed = s.n_prediction_followed
     return {
         "prompt_tokens": start.n_prompt,
         "completion_tokens": s.n_generated,
         "total_tokens": start.n_prompt + s.n_generated,
         "prompt_tokens_details": {"cached_tokens": s.n_cached_tokens},
-        "completion_tokens_details": {"accepted_prediction_tokens": s.n_accepted, "rejected_prediction_tokens": s.n_drafted - s.n_accepted},
+        "completion_tokens_details": {"accepted_prediction_tokens": followed, "rejected_prediction_tokens": s.n_predicted - followed},
     }
 
 
@@ -136,9 +140,9 @@ def _page(name: str) -> Response:
 
 def drafted(event: Event, spans: bool = True) -> dict:
     """specrun's extension of a stream chunk (``stream_options.include_drafts``): the chunk's
-    text as runs of ``[text, source]`` (source "model" or "ngram" for text from accepted drafts,
-    null for the target's own tokens; the texts join to the chunk's content), and the request's
-    statistics so far."""
+    text as runs of ``[text, source]`` (the draft source's name, "model", "ngram", "prediction"...,
+    for text from accepted drafts, null for the target's own tokens; the texts join to the
+    chunk's content), and the request's statistics so far."""
     s = event.stats
     out: dict[str, Any] = {"spans": [[text, source] for text, source in event.segments]} if spans else {}
     out["stats"] = {
@@ -368,7 +372,8 @@ class Api:
         except TemplateError as e:  # only with tools: without, the plain format stands in
             raise ApiError(400, f"model {name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
         add_special = not (self.template.bos_token and text.startswith(self.template.bos_token))
-        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special)
+        r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special,
+                    prediction=req.predicted())  # fmt: skip
         names = frozenset(t["function"]["name"] for t in tools or ())
         shape = _Shape("chat", name, req.include_usage, self.call_format if tools else None, names, req.parallel_tool_calls is not False,
                        req.include_drafts)  # fmt: skip
@@ -380,7 +385,7 @@ class Api:
         text = req.prompt_text()
         ids = () if text is not None else tuple(int(t) for t in req.prompt)
         r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
-                    prompt_text=text, prompt_ids=ids, prompt_field="prompt")  # fmt: skip
+                    prompt_text=text, prompt_ids=ids, prompt_field="prompt", prediction=req.predicted())  # fmt: skip
         shape = _Shape("completion", self.served.name, req.include_usage, drafts=req.include_drafts)
         return await self.run(request, r, req.stream, shape)
 

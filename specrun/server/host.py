@@ -82,6 +82,7 @@ class Request:
     prompt_ids: tuple[int, ...] = ()  # or a completion's prompt as token ids
     add_special: bool = True  # let the tokenizer add BOS (not when a template wrote it)
     prompt_field: str = "messages"
+    prediction: str | None = None  # the text the reply is expected to mostly be (OpenAI's Predicted Outputs)
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,11 @@ class _Past:
     tokens: tuple[int, ...]
 
 
-def _too_long(size: str, n_ctx: int, where: str) -> ApiError:
+def _too_long(size: str, n_ctx: int, where: str, what: str = "prompt") -> ApiError:
+    why = "with no room for a reply" if what == "prompt" else "longer than any reply could be"
     return ApiError(
         400,
-        f"the prompt has {size} but the context holds {n_ctx}, with no room for a reply: "
-        "shorten the prompt, or restart the server with a larger --ctx",
+        f"the {what} has {size} but the context holds {n_ctx}, {why}: shorten the {what}, or restart the server with a larger --ctx",
         where,
         "context_length_exceeded",
     )
@@ -338,6 +339,7 @@ class Host:
                 notices = (
                     f"{req.limit_field} {req.max_tokens} capped at {room}: the prompt takes {len(tokens)} of the {n_ctx}-token context",
                 )
+            predicted = self._predicted(req)
             if req.sampler.seed is not None:
                 engine.reseed(req.sampler.seed)
             job.post(("start", Start(len(tokens), limit, notices)))
@@ -347,7 +349,7 @@ class Host:
             if self.gate is not None:  # from here on, the other slots' decodes wait for this one's
                 self.gate.join()
                 joined = True
-            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel):
+            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel, prediction=predicted):
                 stats = job.stats = event.stats
                 out.extend(event.tokens)
                 said.append(event.text)
@@ -441,7 +443,20 @@ class Host:
             raise ApiError(400, "the prompt is empty", req.prompt_field)
         return tokens, text
 
-    def _check_length(self, text: str, n_before: int, where: str) -> None:
+    def _predicted(self, req: Request) -> list[int]:
+        """The prediction's token ids ([]: none), read as the model's own text is (its special
+        tokens included); one longer than the context is refused, since no reply could follow
+        it to its end."""
+        if req.prediction is None:
+            return []
+        self._check_length(req.prediction, 0, "prediction", "prediction")
+        tokens = self.pair.target.tokenize(req.prediction, add_special=False, parse_special=True)
+        n_ctx = self.pair.target.n_ctx
+        if len(tokens) > n_ctx:
+            raise _too_long(f"{len(tokens)} tokens", n_ctx, "prediction", "prediction")
+        return tokens
+
+    def _check_length(self, text: str, n_before: int, where: str, what: str = "prompt") -> None:
         """Refuse a text far too long for the context before tokenizing it whole: llama.cpp's
         tokenizer splits the text at every special token it holds, copying the rest each time,
         so a few MB of ``<|im_start|>`` turns would take minutes. The text is counted in
@@ -460,7 +475,7 @@ class Host:
             pieces += 1
             pos = end
             if n > n_ctx + 4 * pieces:
-                raise _too_long(f"over {n - 4 * pieces} tokens", n_ctx, where)
+                raise _too_long(f"over {n - 4 * pieces} tokens", n_ctx, where, what)
 
     def _remember(
         self, slot: _Slot, req: Request, text: str | None, tokens: list[int], out: list[int], reply: str, reason: str | None

@@ -15,7 +15,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["SPECULATIVE", "ApiError", "ChatRequest", "CompletionRequest", "Message", "Speculative", "StreamOptions", "param_of"]
+__all__ = [
+    "SPECULATIVE", "ApiError", "ChatRequest", "CompletionRequest", "Message", "Prediction", "Speculative", "StreamOptions", "param_of",
+]  # fmt: skip
 
 MAX_STOP_CHARS = 1000  # a stop string is held back while the text could be its start: keep that short
 
@@ -121,18 +123,32 @@ class Message(_Body):
 
     def text(self, where: str) -> str:
         """The message's text; parts other than text are refused (no vision here)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        out = []
-        for i, part in enumerate(self.content):
-            if part.type != "text" or part.text is None:
-                raise ApiError(
-                    400, f"content parts of type {part.type!r} are not supported: this server takes text only", f"{where}.content[{i}].type"
-                )
-            out.append(part.text)
-        return "".join(out)
+        return _text(self.content, f"{where}.content")
+
+
+def _text(content: str | list[ContentPart] | None, where: str) -> str:
+    """Content as one text: a string, or text parts joined; other parts are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    out = []
+    for i, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"content parts of type {part.type!r} are not supported: this server takes text only", f"{where}[{i}].type")
+        out.append(part.text)
+    return "".join(out)
+
+
+class Prediction(_Body):
+    """OpenAI's Predicted Outputs: text the reply is expected to mostly be (a file sent back with
+    an edit), drafted from; the reply is the same with or without it."""
+
+    type: Literal["content"]
+    content: Union[str, list[ContentPart]]
+
+    def text(self) -> str:
+        return _text(self.content, "prediction.content")
 
 
 def _arguments(arguments: str | dict) -> Any:
@@ -162,6 +178,7 @@ class _Generation(_Body):
     n: int = Field(1, ge=1)
     speculative: Optional[Speculative] = None
     draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "hybrid", "none"]] = Field(None, description="the drafter for this request")
+    prediction: Optional[Prediction] = None
     # accepted but refused unless they are their no-op value (see check_unsupported)
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
@@ -191,6 +208,10 @@ class _Generation(_Body):
                 raise ApiError(400, f"{name} is not supported by this server (only 0 or absent)", name)
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported by this server", "logit_bias")
+
+    def predicted(self) -> str | None:
+        """The prediction's text (None: none, or an empty one); non-text parts are refused."""
+        return (self.prediction.text() or None) if self.prediction is not None else None
 
     @property
     def include_usage(self) -> bool:
