@@ -23,7 +23,7 @@ from specrun.decode import sources as draft_sources
 from specrun.decode.chooser import Chooser, Plan
 from specrun.decode.costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
 from specrun.decode.learned import Learned
-from specrun.decode.round import Prediction, Proposal, Round, common_prefix
+from specrun.decode.round import Continuations, History, Prediction, Proposal, Round, common_prefix
 from specrun.decode.sampling import Sampler, accept_or_resample
 from specrun.decode.sources import ModelSource, Source
 from specrun.decode.sources.base import STORED_WEIGHT, Rate
@@ -44,8 +44,10 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
 TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration sees a few rows only)
-PREDICTED = "prediction"  # the source a reply's prediction drafts from, in every mode that drafts: it joins the
-# others at the first reply that comes with a prediction (an engine that never gets one, the CLI's, has none to explain)
+# the sources that draft from what a reply brings besides its prompt (a prediction, earlier replies), in every
+# mode that drafts: each joins the others at the first reply that brings it (an engine that never gets one, the
+# CLI's, has none to explain in its idle reasons)
+PREDICTED, REMEMBERED = "prediction", "suffix"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +240,10 @@ class Engine:
         self.rng = sampler.rng()
         self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
-        self.prediction = Prediction()  # the reply's (see generate)
+        self.prediction, self.history = Prediction(), History()  # the reply's (see generate)
         self.makings = draft_sources.Makings(
             target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max),
-            self.prediction,
+            self.prediction, self.history,
         )  # fmt: skip
         self.sources: dict[str, Source] = draft_sources.build(settings.sources, self.makings)
         for src in self.sources.values():
@@ -363,17 +365,21 @@ class Engine:
         stop: threading.Event | None = None,
         stats: RunStats | None = None,
         prediction: Sequence[int] = (),
+        history: Continuations | None = None,
     ) -> Generator[Step, None, None]:
         """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``.
         ``stats`` (a fresh one if not given) is filled in as the run goes, also when it ends
-        before its first round. ``prediction``: the tokens the reply is expected to be, mostly
-        (a draft source of their own; the output is the same with or without)."""
+        before its first round. ``prediction``: the tokens the reply is expected to be, mostly;
+        ``history``: what earlier replies went on with (each a draft source of its own; the output
+        is the same with or without)."""
         stats = stats if stats is not None else RunStats()
-        if prediction and self.sources and PREDICTED not in self.sources:  # (the chooser shares the dict)
-            for name, src in draft_sources.build([PREDICTED], self.makings).items():
-                src.load(self.stored.get(name) or {})
-                self.sources[name] = src
-        self.prediction.tokens, self.prediction.followed = tuple(prediction), 0  # before prefill: the sources' begin reads it
+        for name, brought in ((PREDICTED, bool(prediction)), (REMEMBERED, history is not None)):
+            if brought and self.sources and name not in self.sources:  # (the chooser shares the dict)
+                for made, src in draft_sources.build([name], self.makings).items():
+                    src.load(self.stored.get(made) or {})
+                    self.sources[made] = src
+        # before prefill: the sources' begin reads them
+        self.prediction.tokens, self.prediction.followed, self.history.index = tuple(prediction), 0, history
         stats.n_predicted = len(prediction)
         t0 = now()
         stats.n_prompt_tokens = self.prefill(prompt)

@@ -1,12 +1,13 @@
 """The records of a round, shared by the engine and every source: the ``Proposal`` a source
 hands the engine (its guesses, with the law each was drawn from, needed for exact sampling),
 and the ``Round`` the engine made of it, which every source observes afterwards; and the
-reply's ``Prediction``, which the engine sets and a source drafts from."""
+reply's ``Prediction`` and ``History``, which the engine sets and a source drafts from."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from specrun.decode.sampling import Dist
 
@@ -56,6 +57,22 @@ class Prediction:
 
     tokens: tuple[int, ...] = ()
     followed: int = 0
+
+
+class Continuations(Protocol):
+    """What earlier texts went on with after a sequence's tail (an index of earlier replies)."""
+
+    def continuation(self, tail: Sequence[int], most: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """Up to ``most`` tokens, and for each: how many of the places seen went on with it, of
+        how many that reached it."""
+        ...
+
+
+@dataclass
+class History:
+    """Earlier replies to draft from for this reply (None: none), set by the engine before each."""
+
+    index: Continuations | None = None
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:

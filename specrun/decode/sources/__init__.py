@@ -9,13 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specrun.decode.round import Prediction
+from specrun.decode.round import History, Prediction
 from specrun.decode.sources.base import Source
 from specrun.decode.sources.eagle3 import Eagle3Source
 from specrun.decode.sources.model import ModelSource
 from specrun.decode.sources.mtp import MtpSource
 from specrun.decode.sources.ngram import NgramSource
 from specrun.decode.sources.prediction import PredictionSource
+from specrun.decode.sources.suffix import SuffixSource
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from specrun.decode.sampling import Sampler
     from specrun.llama import Eagle3Head, Model, MtpHeads
 
-__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "build"]
+__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "SuffixSource", "build"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Makings:
     draft_max: int
     ngram: tuple[int, int]
     prediction: Prediction = field(default_factory=Prediction)  # the reply's, set by the engine before each
+    history: History = field(default_factory=History)  # ... and the earlier replies it may draft from
 
 
 def _ends_line(m: Makings) -> Callable[[int], bool]:
@@ -52,6 +54,7 @@ def _ends_line(m: Makings) -> Callable[[int], bool]:
 MAKERS: dict[str, Callable[[Makings], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "prediction": lambda m: PredictionSource(m.prediction, *m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
+    "suffix": lambda m: SuffixSource(m.history, ends_turn=m.target.is_eog),
     "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.draft else None,
     "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
     "eagle3": lambda m: (
