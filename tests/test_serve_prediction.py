@@ -93,10 +93,11 @@ def test_completions_take_a_prediction_in_text_parts_and_stream_its_usage(client
 
 
 def test_drafts_from_a_prediction_are_shown_as_such(server):
-    status, _, plain = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": N, "temperature": 0})
+    """(Each request as a user of its own: no earlier reply of theirs offers the same text.)"""
+    status, _, plain = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "user": "shown-1"})
     assert status == 200, plain
     body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "prediction": {"type": "content", "content": plain["choices"][0]["text"]},
-            "stream_options": {"include_drafts": True}}  # fmt: skip
+            "stream_options": {"include_drafts": True}, "user": "shown-2"}  # fmt: skip
     chunks = [c for c in server.stream("/v1/completions", body) if isinstance(c, dict) and c.get("specrun")]
     spans = [s for c in chunks for s in c["specrun"].get("spans", ())]  # (the last chunk has stats only)
     assert "".join(t for t, _ in spans) == plain["choices"][0]["text"]

@@ -1,7 +1,11 @@
-"""The suffix source: its index on hand-made token lists (continuations, counts, removal), and
+"""The suffix source: its index on hand-made token lists (continuations, counts, removal, the bytes
+it counts against what CPython really takes), the server's per-tenant store with its cap, and
 the source in the engine on the tiny models (the output is plain decoding's)."""
 
 from __future__ import annotations
+
+import random
+import tracemalloc
 
 import pytest
 
@@ -10,6 +14,7 @@ from specrun.decode.engine import Engine, Settings
 from specrun.decode.sampling import Sampler
 from specrun.decode.sources.suffix import BYTES_PER_TOKEN, SuffixIndex
 from specrun.llama import LoadOptions, Model
+from specrun.server.suffixes import Suffixes, tenant
 
 FLAT = {b: 0.001 * (1 + 0.01 * b) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)}  # verifying is nearly free: draft
 
@@ -51,6 +56,43 @@ def test_a_removed_text_leaves_no_place_behind():
     assert index.tokens == 6 and index.bytes == 6 * BYTES_PER_TOKEN
     index.remove(first)  # (again: nothing)
     assert all(p >> 32 != first for places in index.places.values() for p in places)
+
+
+def test_the_bytes_counted_are_at_least_what_the_index_takes():
+    """Random text (every N-gram new: the most an index holds per token), added and evicted as the
+    server does until the count has been at the cap many times over: what tracemalloc sees the
+    index take stays under what it counts, the cap."""
+    rng = random.Random(0)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        store = Suffixes(cap=200 * 500 * BYTES_PER_TOKEN // 4)  # a quarter of what is added
+        for i in range(200):
+            store.add(tenant(None, f"user {i % 3}"), [rng.randrange(150_000) for _ in range(500)])
+            assert store.held <= store.cap
+        taken = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert store.evicted > 0 and taken <= store.cap, (taken, store.cap)
+
+
+def test_tenants_never_see_each_others_replies_and_the_oldest_go_first():
+    a, b = tenant("key", "alice"), tenant("key", "bob")
+    assert len({a, b, tenant("other", "alice"), tenant(None, None)}) == 4 and "alice" not in a
+    store = Suffixes(cap=3 * 10 * BYTES_PER_TOKEN)  # three replies of ten tokens
+    store.add(a, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert store.index(b) is None
+    store.add(b, [1, 2, 3, 4, 15, 16, 17, 18, 19, 20])
+    assert store.index(a).continuation([1, 2, 3, 4], 3)[0] == [5, 6, 7]
+    assert store.index(b).continuation([1, 2, 3, 4], 3)[0] == [15, 16, 17]
+    store.add(b, list(range(30, 40)))
+    store.add(b, list(range(40, 50)))  # over the cap: alice's, the oldest, goes
+    assert store.index(a) is None and len(store) == 3 and store.evicted == 1 and store.held == store.cap
+    store.add(b, [1, 2, 3])  # too short to look up: not kept
+    assert len(store) == 3
+    store.add(a, [5, 6, 7, 8, 9], prompt=list(range(100, 130)))  # kept after the prompt's last 16 tokens
+    assert store.index(a).continuation([1, *range(114, 130)], 3)[0] == [5, 6, 7]
+    assert store.order[-1][2] == (16 + 5) * BYTES_PER_TOKEN
 
 
 # --- in the engine -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM
 from specrun.run.session import OpenPair, cost_store, open_engine
 
 MAX_BODY = 4 << 20
+SUFFIX_MB = 64.0  # the tenants' earlier replies, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
 
 
 class TerminalView:
@@ -122,6 +123,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 16,
         max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes (413 past it).")] = MAX_BODY,
+        suffix_mb: Annotated[
+            float,
+            typer.Option(
+                "--suffix-mb",
+                min=0.0,
+                help="Memory for earlier replies, kept per API key and user to draft the next ones from (the oldest go first); 0: none kept.",
+            ),
+        ] = SUFFIX_MB,  # fmt: skip
         quiet: Annotated[
             bool, typer.Option("--quiet", "-q", help="No per-request lines on the terminal (warnings and errors still show).")
         ] = False,
@@ -146,7 +155,7 @@ def register(app: typer.Typer) -> None:
             pair = load_pair(opts, err)
             released = True
             try:
-                signum, released = _serve(pair, opts, sock, api_key or None, max_queue, max_body, quiet, err)
+                signum, released = _serve(pair, opts, sock, api_key or None, max_queue, max_body, suffix_mb, quiet, err)
             finally:
                 if released:  # else the engine thread still holds the models: exit frees them
                     pair.close()
@@ -155,13 +164,17 @@ def register(app: typer.Typer) -> None:
         return EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT if signum == signal.SIGINT else 0
 
 
-def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, quiet: bool, err: Console):
+def _serve(
+    pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, suffix_mb: float, quiet: bool,
+    err: Console,
+):  # fmt: skip
     """Serve until a signal; returns it, and whether the engine thread has let go of the models."""
     from specrun.llama import on_own_thread
     from specrun.server.app import Served, create_app
     from specrun.server.host import Host
     from specrun.server.metrics import Metrics
     from specrun.server.run import address, serve, signals_held
+    from specrun.server.suffixes import Suffixes
 
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)
@@ -174,8 +187,9 @@ def _serve(pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, 
         n_ctx=pair.target.n_ctx, settings=settings, sampler=opts.sampler, api_key=key, max_body=max_body, flag_name=flag_name,
     )  # fmt: skip
     with TerminalView(err, quiet) as view:
-        host = Host(pair, engine, max_queue=max_queue, observer=view, parallel=pair.parallel, gate=pair.gate)
-        metrics = Metrics(host.queue_length, lambda: len(host.running))
+        suffixes = Suffixes(int(suffix_mb * 2**20)) if suffix_mb > 0 else None
+        host = Host(pair, engine, max_queue=max_queue, observer=view, parallel=pair.parallel, gate=pair.gate, suffixes=suffixes)
+        metrics = Metrics(host.queue_length, lambda: len(host.running), suffixes)
         host.on_finish = metrics.observe
         view.waiting = host.queue_length
         host.start()

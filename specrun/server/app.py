@@ -50,6 +50,7 @@ from specrun.server.body import load_object
 from specrun.server.host import Busy, Host, Job, Request, ShuttingDown, Start
 from specrun.server.metrics import CONTENT_TYPE, Metrics
 from specrun.server.schemas import SPECULATIVE, ApiError, ChatRequest, CompletionRequest, param_of
+from specrun.server.suffixes import tenant
 
 _Req = TypeVar("_Req", ChatRequest, CompletionRequest)
 
@@ -236,6 +237,11 @@ class Api:
             raise ApiError(401, "a valid API key is required: send Authorization: Bearer KEY", None, "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})  # fmt: skip
 
+    def tenant(self, request: HttpRequest, req: ChatRequest | CompletionRequest) -> str:
+        """Who sent the request: the key it presented and its ``user`` (see suffixes.py)."""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return tenant(given.strip() if scheme.lower() == "bearer" else None, req.user)
+
     async def parse(self, request: HttpRequest, model: type[_Req]) -> _Req:
         self.authorize(request)
         data = load_object(await request.body())  # a client gone mid-body: ClientDisconnect, answered by _client_gone
@@ -373,7 +379,7 @@ class Api:
             raise ApiError(400, f"model {name!r}'s chat template cannot render this request with tools: {e}", "tools") from None
         add_special = not (self.template.bos_token and text.startswith(self.template.bos_token))
         r = Request("chat", settings, sampler, tuple(req.stops()), limit, limit_field, prompt_text=text, add_special=add_special,
-                    prediction=req.predicted())  # fmt: skip
+                    prediction=req.predicted(), tenant=self.tenant(request, req))  # fmt: skip
         names = frozenset(t["function"]["name"] for t in tools or ())
         shape = _Shape("chat", name, req.include_usage, self.call_format if tools else None, names, req.parallel_tool_calls is not False,
                        req.include_drafts)  # fmt: skip
@@ -385,7 +391,8 @@ class Api:
         text = req.prompt_text()
         ids = () if text is not None else tuple(int(t) for t in req.prompt)
         r = Request("completion", settings, sampler, tuple(req.stops()), req.max_tokens, "max_tokens",
-                    prompt_text=text, prompt_ids=ids, prompt_field="prompt", prediction=req.predicted())  # fmt: skip
+                    prompt_text=text, prompt_ids=ids, prompt_field="prompt", prediction=req.predicted(),
+                    tenant=self.tenant(request, req))  # fmt: skip
         shape = _Shape("completion", self.served.name, req.include_usage, drafts=req.include_drafts)
         return await self.run(request, r, req.stream, shape)
 

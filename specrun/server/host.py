@@ -57,6 +57,7 @@ from specrun.errors import SpecrunError
 from specrun.run.session import OpenPair
 from specrun.run.stream import Event, stream_generate
 from specrun.server.schemas import ApiError
+from specrun.server.suffixes import Suffixes
 
 if TYPE_CHECKING:
     from specrun.llama import Gate, Model, Sequence
@@ -83,6 +84,7 @@ class Request:
     add_special: bool = True  # let the tokenizer add BOS (not when a template wrote it)
     prompt_field: str = "messages"
     prediction: str | None = None  # the text the reply is expected to mostly be (OpenAI's Predicted Outputs)
+    tenant: str | None = None  # who sent it (see suffixes.tenant): its own earlier replies are drafted from
 
 
 @dataclass(frozen=True)
@@ -184,10 +186,12 @@ class Host:
         on_finish: Callable[[RunStats], None] | None = None,
         parallel: int = 1,
         gate: Gate | None = None,
+        suffixes: Suffixes | None = None,
     ):
         """``parallel`` > 1 needs the pair loaded with that many sequences and the ``gate``
         their decodes meet in; ``engine`` (on the pair itself) then lends its learned state to
-        each slot's first engine."""
+        each slot's first engine. ``suffixes``: where each tenant's replies are kept, to draft
+        the next ones from (None: nowhere)."""
         self.pair = pair
         self.cost = engine.cost
         self.base_key = _engine_key(engine.settings, engine.sampler)
@@ -215,6 +219,7 @@ class Host:
             self.slots = [_Slot(0, pair.target, pair.draft)]
             self.slots[0].engines[self.base_key] = engine
         self.max_queue = max_queue
+        self.suffixes = suffixes
         self.observer: Observer = observer or _Quiet()
         self.on_finish = on_finish
         self.cond = threading.Condition()
@@ -340,6 +345,8 @@ class Host:
                     f"{req.limit_field} {req.max_tokens} capped at {room}: the prompt takes {len(tokens)} of the {n_ctx}-token context",
                 )
             predicted = self._predicted(req)
+            who, kept = req.tenant, self.suffixes
+            history = kept.index(who) if kept is not None and who is not None else None  # the tenant's earlier replies
             if req.sampler.seed is not None:
                 engine.reseed(req.sampler.seed)
             job.post(("start", Start(len(tokens), limit, notices)))
@@ -349,7 +356,7 @@ class Host:
             if self.gate is not None:  # from here on, the other slots' decodes wait for this one's
                 self.gate.join()
                 joined = True
-            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel, prediction=predicted):
+            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel, prediction=predicted, history=history):
                 stats = job.stats = event.stats
                 out.extend(event.tokens)
                 said.append(event.text)
@@ -364,6 +371,8 @@ class Host:
                 self.observer.progress(job)
             reason = event.finish_reason if event is not None else "interrupted"
             job.state = "cancelled" if reason == "interrupted" else "done"
+            if kept is not None and who is not None:
+                kept.add(who, out, tokens)
             self._remember(slot, req, text, tokens, out, "".join(said), reason)
         except (SpecrunError, ApiError) as e:
             job.state = "error"

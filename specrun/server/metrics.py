@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from specrun.decode.stats import RunStats
+from specrun.server.suffixes import Suffixes
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -20,7 +21,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Metrics:
-    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int]):
+    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int], suffixes: Suffixes | None = None):
+        """``suffixes``: the tenants' earlier replies, whose size is a gauge."""
         disable_created_metrics()  # no `*_created` series: llama-server has none, and dashboards do not read them
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.totals = {"prompt_tokens": 0.0, "prompt_s": 0.0, "predicted": 0.0, "predicted_s": 0.0}  # for the average gauges
@@ -50,7 +52,7 @@ class Metrics:
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
         )  # fmt: skip
         self.rejected = Counter("specrun_requests_rejected", "Requests refused because the queue was full (429).", registry=r)
-        r.register(_Live(queue_length, running, self))
+        r.register(_Live(queue_length, running, self, suffixes))
 
     def observe(self, s: RunStats) -> None:
         """One finished request."""
@@ -88,8 +90,8 @@ class Metrics:
 class _Live:
     """Gauges read at scrape time: the queue and llama-server's average throughputs."""
 
-    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int], m: Metrics):
-        self.queue_length, self.running, self.m = queue_length, running, m
+    def __init__(self, queue_length: Callable[[], int], running: Callable[[], int], m: Metrics, suffixes: Suffixes | None):
+        self.queue_length, self.running, self.m, self.suffixes = queue_length, running, m, suffixes
 
     def collect(self):
         t = self.m.totals
@@ -105,3 +107,9 @@ class _Live:
             "llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
             value=t["predicted"] / t["predicted_s"] if t["predicted_s"] > 0 else 0.0,
         )  # fmt: skip
+        if self.suffixes is not None:
+            s = self.suffixes
+            yield GaugeMetricFamily("specrun_suffix_bytes", "Bytes the tenants' earlier replies take, as counted (at most --suffix-mb).",
+                                    value=s.held)  # fmt: skip
+            yield GaugeMetricFamily("specrun_suffix_replies", "Earlier replies kept to draft from.", value=len(s))
+            yield CounterMetricFamily("specrun_suffix_evicted", "Earlier replies evicted to stay under --suffix-mb.", value=s.evicted)

@@ -4,7 +4,8 @@ A field of the wrong type or out of range fails validation with the field's JSON
 (``param``); a request that is well-formed but cannot be served (``n > 1``, a prompt longer
 than the context, tools for a template that has none) is refused by the handler with the
 field it is about. Fields that OpenAI clients send routinely and that change nothing here
-(``user``, ``store``, ``metadata``...) are accepted and ignored; fields that would change
+(``store``, ``metadata``...) are accepted and ignored (``user`` only says whose earlier replies a
+request may draft from); fields that would change
 the answer and are not implemented are refused out loud, never silently dropped.
 """
 
@@ -179,6 +180,7 @@ class _Generation(_Body):
     speculative: Optional[Speculative] = None
     draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "hybrid", "none"]] = Field(None, description="the drafter for this request")
     prediction: Optional[Prediction] = None
+    user: Optional[str] = Field(None, max_length=256, description="who the request is for: its own earlier replies are drafted from")
     # accepted but refused unless they are their no-op value (see check_unsupported)
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
