@@ -24,8 +24,8 @@ case "${1:-}" in
 esac
 base_ref=$1
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-py="$repo/.venv/bin/python"
-[[ -x $py ]] || { echo "error: no venv at $repo/.venv; run scripts/install.sh first" >&2; exit 1; }
+py="${PYTHON:-$repo/.venv/bin/python}"  # PYTHON: another venv's python (this checkout then goes first on PYTHONPATH)
+[[ -x $py ]] || { echo "error: no python at $py; run scripts/install.sh first" >&2; exit 1; }
 base_id=$(git -C "$repo" rev-parse --verify --quiet "$base_ref^{commit}") || {
   echo "error: '$base_ref' is not a commit here; give a commit id, a branch or e.g. main~1" >&2; exit 2; }
 version=$("$py" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
