@@ -402,7 +402,7 @@ def test_a_drafted_tokens_cost_is_learned_from_its_steps_not_from_a_catch_up(loa
     assert src.per_token == 0.02 and src.first_s is None  # nothing learned: no step, and no first draft of its own
     p = src.propose(tokens + p.tokens, 3, 0.0)  # a normal round: one or two new tokens, then steps
     assert p.sync_s == 0 and len(p.tokens) == 3 and p.first_s > 0 and p.step_s > 0
-    src.observe(Round("model", stated(p, src), 3, p.tokens, False, RoundStats("model", 3, 3, 0, p.first_s + 2 * p.step_s, 0.0, 0.0)))
+    src.observe(Round("model", p, 3, p.tokens, False, RoundStats("model", 3, 3, 0, p.first_s + 2 * p.step_s, 0.0, 0.0)))
     assert src.first_s == p.first_s
     assert src.per_token == pytest.approx(0.02 + EWMA * (p.step_s - 0.02))
     assert src.cost(1) == pytest.approx(src.first_s)
@@ -511,10 +511,6 @@ def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough
     def engine() -> Engine:
         e = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
         e.sources["model"].measure_token_cost = lambda token: 1e-6  # ... also when timed at the first prompt
-        # the prices stay the ones given: this machine's decode times would move the curve, and
-        # with it whether a try prices out, which is not what this test is about
-        e.cost.observe_verify = lambda b, seconds: None  # type: ignore[method-assign]
-        e.cost.observe_rollback = lambda seconds: None  # type: ignore[method-assign]
         return e
 
     short = engine()
