@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import llama_cpp as ll
+import numpy as np
 import pytest
+from heads_run import PROMPTS
 from tiny_dflash import (
     BLOCK_SIZE,
     DFLASH2_KEYS,
@@ -28,9 +31,10 @@ from tiny_dflash import (
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.cli.main import main
-from specrun.errors import EXIT_FAIL
+from specrun.errors import EXIT_FAIL, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
+from specrun.llama import DFlashHead, LoadOptions, Model
 
 KINDS = ("dflash", "dspark", "dflash2")
 
@@ -148,3 +152,95 @@ def test_check_pair_calls_a_malformed_drafter_unusable(tiny, tmp_path, capsys):
     path, why = malformed(tmp_path, "no mask token")
     code, out, _ = cli(["check-pair", "-m", str(tiny["target"]), "-d", str(path)], capsys)
     assert code == EXIT_FAIL and f"unusable: {why}" in " ".join(out.split())
+
+
+# --- the drafter beside the target, through the real llama.cpp ---------------------------------
+
+
+def load(path: Path, drafter: Path) -> Model:
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64))
+    DFlashHead(m, drafter)
+    return m
+
+
+@pytest.fixture(scope="module")
+def targets(tiny, drafters):
+    """The target with each kind of drafter attached, and a second copy of each (to catch up
+    from scratch and compare with): kind -> (model, fresh model)."""
+    out = {kind: (load(tiny["target"], drafters[kind]), load(tiny["target"], drafters[kind])) for kind in KINDS}
+    yield out
+    for pair in out.values():
+        for m in pair:
+            m.close()
+
+
+def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
+    """The drafter accounts for exactly the target's positions (injected, or queued), its cache
+    holds positions 0.. and nothing past them (no block's cells, no rejected row's), and its next
+    block equals that of a drafter that caught up with the same sequence in one batch."""
+    h, f = target.dflash, fresh.dflash
+    assert isinstance(h, DFlashHead) and isinstance(f, DFlashHead)
+    assert target.n_past == h.n_past == len(seq) - 1 and target.tokens == seq[:-1]
+    assert h.cached == h.injected <= h.n_past and h.n_past - h.injected < h.n_batch
+    assert int(ll.llama_memory_seq_pos_min(h._mem, 0)) in (0, -1)
+    fresh.reset()
+    fresh.eval(seq[:-1], logits="none")
+    got = h.draft(seq[-1], h.n_past, h.max_draft)
+    assert h.cached == h.injected == h.n_past  # the queue went in with the block, whose cells are gone again
+    want = f.draft(seq[-1], f.n_past, f.max_draft)
+    assert got.tokens == want.tokens
+    if got.logits is not None:
+        np.testing.assert_allclose(got.logits, want.logits, atol=2e-3)
+    if got.stated is not None:
+        np.testing.assert_allclose(got.stated, want.stated, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_loads_and_drafts_a_block(targets, kind):
+    """llama.cpp 0.3.36 loads the drafter beside the target, takes its layer inputs and drafts a
+    block in one decode; the block's cells are removed afterwards, and a rollback of the target
+    removes injected rows the drafter held past it."""
+    target, fresh = targets[kind]
+    h = target.dflash
+    prompt = target.tokenize(PROMPTS[0])
+    target.reset()
+    target.eval(prompt[:-1], logits="none")
+    assert h.n_past == len(prompt) - 1 and h.injected == 0  # queued: it goes in with the first block
+    decodes = h.decodes
+    b = h.draft(prompt[-1], h.n_past, h.max_draft)
+    assert h.decodes == decodes + 2  # the injection, then the block
+    assert len(b) == h.max_draft == (BLOCK_SIZE if kind == "dspark" else BLOCK_SIZE - 1)
+    assert all(0 <= t < target.n_vocab for t in b.tokens) and h.cached == h.n_past
+    if kind == "dflash":
+        assert b.stated is None and b.logits is not None and b.tokens == [int(x) for x in np.argmax(b.logits, axis=1)]
+    else:  # DSpark's confidence head, DFlash2's selector
+        assert b.stated is not None and all(0.0 < c < 1.0 for c in b.stated)
+    target.eval([prompt[-1], *b.tokens], logits="all")  # a verify: its rows are queued
+    h.draft(prompt[-1], h.n_past, 2)  # (an injection of them all)
+    assert h.cached == h.n_past == len(prompt) + len(b)
+    target.rollback(len(prompt) + 1)  # the target kept one draft
+    assert h.cached == h.n_past == len(prompt) + 1
+    check_in_step(target, fresh, [*prompt, b.tokens[0], 0])
+
+
+def test_the_backend_refuses_a_drafter_for_another_target(tiny, tmp_path):
+    path, _ = malformed(tmp_path, "a layer past the target's")
+    with Model(tiny["target"], LoadOptions(n_ctx=256, n_threads=1, n_batch=64)) as m:
+        with pytest.raises(UsageError, match=r"reads the target's layers \[0, 5\]"):
+            DFlashHead(m, path)
+        assert m.dflash is None
+        with pytest.raises(BadModelFile, match="no mask token"):
+            DFlashHead(m, malformed(tmp_path, "no mask token")[0])
+
+
+def test_a_drafter_attached_late_catches_up(tiny, drafters, targets):
+    target, _ = targets["dflash"]
+    prompt = target.tokenize(PROMPTS[1])
+    with Model(tiny["target"], LoadOptions(n_ctx=1024, n_threads=1, n_batch=64)) as late:
+        late.eval(prompt[:-1], logits="none")
+        h = DFlashHead(late, drafters["dflash"])
+        assert late.dflash is h and h.n_past == late.n_past == len(prompt) - 1
+        target.reset()
+        target.eval(prompt[:-1], logits="none")
+        np.testing.assert_allclose(h.draft(prompt[-1], h.n_past, 3).logits, target.dflash.draft(prompt[-1], h.n_past, 3).logits, atol=2e-3)
+    assert late.dflash is None and h._ctx is None  # closed with its target
