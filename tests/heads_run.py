@@ -1,5 +1,5 @@
-"""One generation with a target's draft heads attached (MTP heads, Gemma 4's assistant or an
-EAGLE-3 head), and the checks every kind of head passes, shared by the heads' tests."""
+"""One generation with a target's draft heads attached (MTP heads, Gemma 4's assistant, an
+EAGLE-3 head, a block drafter), and the checks every kind of head passes, shared by the heads' tests."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ def run(target: Model, settings: Settings, prompt: list[int], n: int, sampler: S
     """One generation from a clean cache, with whatever heads ``target`` has attached; the
     tokens and the run's stats. ``on_step(engine, step)`` sees every round."""
     target.reset()
-    e = Engine(target, None, settings, sampler or Sampler(0.0), cost or CostModel(), heads=target.heads, eagle3=target.eagle3)
+    e = Engine(
+        target, None, settings, sampler or Sampler(0.0), cost or CostModel(), heads=target.heads, eagle3=target.eagle3, dflash=target.dflash
+    )
     out, stats = [], None
     for step in e.generate(prompt, n):
         out += step.tokens
@@ -104,7 +106,7 @@ def chat_turns_in_step(target: Model, settings: Settings, check) -> None:
 
     def turns(settings: Settings, check) -> list[list[int]]:
         target.reset()
-        e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads, eagle3=target.eagle3)
+        e = Engine(target, None, settings, Sampler(0.0), CostModel(), heads=target.heads, eagle3=target.eagle3, dflash=target.dflash)
         out = []
         first = target.tokenize(PROMPTS[0])
         for prompt in (first, None, first[:-3] + user):

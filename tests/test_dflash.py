@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import heads_run
 import llama_cpp as ll
 import numpy as np
 import pytest
-from heads_run import PROMPTS
+from heads_run import N_TOKENS, PROMPTS
 from tiny_dflash import (
     BLOCK_SIZE,
     DFLASH2_KEYS,
@@ -31,6 +32,7 @@ from tiny_dflash import (
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.cli.main import main
+from specrun.decode.engine import Settings
 from specrun.errors import EXIT_FAIL, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
@@ -244,3 +246,30 @@ def test_a_drafter_attached_late_catches_up(tiny, drafters, targets):
         target.eval(prompt[:-1], logits="none")
         np.testing.assert_allclose(h.draft(prompt[-1], h.n_past, 3).logits, target.dflash.draft(prompt[-1], h.n_past, 3).logits, atol=2e-3)
     assert late.dflash is None and h._ctx is None  # closed with its target
+
+
+# --- drafting through the engine ------------------------------------------------------------
+
+K = 6  # drafts per round, fixed
+
+
+@pytest.fixture(scope="module")
+def plain(targets):
+    target, _ = targets["dflash"]
+    return {p: heads_run.run(target, Settings("none"), target.tokenize(p), N_TOKENS)[0] for p in PROMPTS}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_dflash_equals_plain(targets, plain, kind, prompt):
+    """64 tokens with the drafter alone (every round drafts K tokens from one block): plain
+    decoding's, some drafts kept and some not, and the drafter in step after every round."""
+    target, fresh = targets[kind]
+    s = Settings("dflash", draft_max=K, p_min=0.0, fixed=True)
+    heads_run.exact_and_in_step(target, s, target.tokenize(prompt), plain[prompt], lambda seq: check_in_step(target, fresh, seq))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hybrid_chooses_among_ngram_and_the_drafter(targets, plain, kind):
+    target, _ = targets[kind]
+    heads_run.hybrid_weighs_the_heads(target, "dflash", K, plain)

@@ -161,7 +161,9 @@ class _Generation(_Body):
     stream_options: Optional[StreamOptions] = None
     n: int = Field(1, ge=1)
     speculative: Optional[Speculative] = None
-    draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "hybrid", "none"]] = Field(None, description="the drafter for this request")
+    draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "dflash", "hybrid", "none"]] = Field(
+        None, description="the drafter for this request"
+    )
     # accepted but refused unless they are their no-op value (see check_unsupported)
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
