@@ -8,6 +8,7 @@ keeps the target's distribution."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -33,7 +34,8 @@ from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.cli.main import main
 from specrun.decode.engine import Settings
-from specrun.errors import EXIT_FAIL, BadModelFile, UsageError
+from specrun.decode.sources.dflash import DFlashSource
+from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
 from specrun.llama import DFlashHead, LoadOptions, Model
@@ -273,3 +275,68 @@ def test_greedy_dflash_equals_plain(targets, plain, kind, prompt):
 def test_hybrid_chooses_among_ngram_and_the_drafter(targets, plain, kind):
     target, _ = targets[kind]
     heads_run.hybrid_weighs_the_heads(target, "dflash", K, plain)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampling_keeps_the_targets_distribution(targets, kind):
+    """Each draft is drawn from its row's law (DFlash2's: the selector's scores given the draft
+    before), and that law is the one the exact acceptance is told."""
+    heads_run.sampling_follows_the_target(targets[kind][0], "dflash", kept=0.05)
+
+
+def test_the_law_check_catches_a_wrong_law(targets, monkeypatch):
+    """The same check fails a source that tells the engine its rows' laws but drafts their
+    argmaxes (sampling forgotten): the output's law is then not the target's. (Telling a one-hot
+    law for a sampled draft would not do: that is exact, as an n-gram draft is.)"""
+    propose = DFlashSource.propose
+
+    def greedy(self, *a, **kw):
+        p = propose(self, *a, **kw)
+        return dataclasses.replace(p, tokens=[q.top[0] for q in p.dists])
+
+    monkeypatch.setattr(DFlashSource, "propose", greedy)
+    tv, limit, _ = heads_run.sampling_law(targets["dflash"][0], "dflash")
+    assert tv > limit, (tv, limit)
+
+
+# --- the CLI --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_drafter_is_one_line_through_the_cli(tiny, tmp_path, case, capsys):
+    """Refused from the headers before anything loads: a file llama.cpp would refuse or abort on
+    is a bad input (exit 3), one made for another target a usage error (exit 2)."""
+    path, why = malformed(tmp_path, case)
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(path), "-p", "hi", "-n", "4"], capsys)
+    fault = head_file_of(model_info(path)).fault is not None
+    assert code == (EXIT_INPUT if fault else EXIT_USAGE) and out == ""
+    line = one_line(err)
+    assert why in line and line.startswith("specrun: error: "), line
+    assert "cannot be used" in line if fault else "cannot draft for target.gguf" in line
+
+
+def test_the_mode_and_the_file_are_not_mistaken_for_each_other(tiny, drafters, capsys):
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(drafters["dflash"]), "--draft", "model", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and out == "" and "--draft model needs a draft model, and dflash.gguf is a DFlash drafter" in one_line(err)
+    code, out, err = cli(
+        ["generate", "-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "--draft", "dflash", "-p", "hi"], capsys
+    )
+    assert code == EXIT_USAGE and "--draft dflash needs a block drafter" in one_line(err)
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "--draft", "dflash", "-p", "hi"], capsys)
+    assert code == EXIT_USAGE and "no block drafter for" in one_line(err)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generate_with_the_drafter_from_the_cli(tiny, drafters, kind, capsys):
+    """`generate -d drafter.gguf`: the drafter is loaded beside the target, drafts (alone, and
+    chosen by hybrid where verifying is dear enough), and the text is plain decoding's."""
+    base = ["generate", "-m", str(tiny["target"]), "-t", "1", "-p", PROMPTS[1], "-n", "32", "--json"]
+    code, out, err = cli([*base, "-d", str(drafters[kind]), "--draft", "dflash", "--draft-max", str(K), "--fixed"], capsys)
+    assert code == 0, err
+    drafted = json.loads(out)
+    assert f"drafting with the {head_file_of(model_info(drafters[kind])).kind[2:]} {kind}.gguf" in err
+    assert drafted["stats"]["by_source"]["dflash"]["rounds"] > 0
+    code, out, _ = cli([*base, "--draft", "none"], capsys)
+    assert code == 0 and json.loads(out)["tokens"] == drafted["tokens"]
+    code, out, err = cli([*base, "-d", str(drafters[kind])], capsys)  # hybrid, the default
+    assert code == 0 and json.loads(out)["tokens"] == drafted["tokens"], err

@@ -50,7 +50,17 @@ def test_scripts_are_shellcheck_clean() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "serve.sh", "bench-serve.sh", "compare-llama-cpp.sh", "worker.sh", "ab.sh"],
+    [
+        "install.sh",
+        "fetch-demo-models.sh",
+        "chat.sh",
+        "bench.sh",
+        "serve.sh",
+        "bench-serve.sh",
+        "compare-llama-cpp.sh",
+        "worker.sh",
+        "ab.sh",
+    ],
 )
 def test_help_prints_usage(name: str, tmp_path: Path) -> None:
     result = run_script(name, "--help", cwd=tmp_path)
