@@ -45,8 +45,9 @@ from specrun.llama.ffi import _ensure_init
 from specrun.llama.heads import _eagle3_fn, _head_context, _load_head
 from specrun.llama.model import LoadOptions, Model
 
-# rows of one drafter decode: an injection chunk, or a block. A drafter counts as having an
-# encoder, so llama.cpp gives it an output row of n_vocab floats per batch row: keep it small
+# rows of one drafter decode: an injection chunk, or a block (so the longest block). A drafter
+# counts as having an encoder, so llama.cpp gives it an output row of n_vocab floats per batch
+# row: keep it small
 DFLASH_BATCH = 64
 
 
@@ -109,7 +110,6 @@ class DFlashHead:
         self.kind = head.variant  # dflash | dspark | dflash2
         self.what = f"{head.kind[2:]}"
         self.layers = head.target_layers
-        self.max_draft = head.max_draft
         assert head.mask_token is not None  # (a fault otherwise)
         self.mask = head.mask_token
         self.confidence_head = self.kind == "dspark" and any(t.name == "conf_proj.weight" for t in info.header.tensors)
@@ -119,9 +119,7 @@ class DFlashHead:
         self._ctx = None
         self._batch = None
         try:
-            ctx = _head_context(
-                self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=min(target.n_batch, DFLASH_BATCH)
-            )
+            ctx = _head_context(self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=DFLASH_BATCH)
         except BaseException:
             ll.llama_model_free(self._model)
             self._model = None
@@ -131,6 +129,9 @@ class DFlashHead:
         self._mem = ll.llama_get_memory(ctx)
         self._batch = ll.llama_batch_ext_init(ctx)
         self.n_batch = max(1, int(ll.llama_n_ubatch(ctx)))
+        # the most drafts a block holds: what the file was trained for, within one ubatch (a
+        # non-causal batch over it is an assert)
+        self.max_draft = min(head.max_draft, self.n_batch - self.rows(0))
         self.n_ctx = int(ll.llama_n_ctx(ctx))
         self.n_embd = int(ll.llama_model_n_embd(self._model))
         self.n_embd_target = int(ll.llama_model_n_embd(target._model))
@@ -225,7 +226,8 @@ class DFlashHead:
     # --- drafting --------------------------------------------------------------------------
 
     def rows(self, n: int) -> int:
-        """Rows of a block that drafts ``n`` tokens."""
+        """Rows of a block that drafts ``n`` tokens (the last token's row drafts too where a
+        DSpark drafter samples from the anchor)."""
         return n if self.head.anchor else n + 1
 
     def draft(self, last_token: int, pos: int, n: int) -> Block:
