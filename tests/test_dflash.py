@@ -334,9 +334,23 @@ def test_generate_with_the_drafter_from_the_cli(tiny, drafters, kind, capsys):
     code, out, err = cli([*base, "-d", str(drafters[kind]), "--draft", "dflash", "--draft-max", str(K), "--fixed"], capsys)
     assert code == 0, err
     drafted = json.loads(out)
-    assert f"drafting with the {head_file_of(model_info(drafters[kind])).kind[2:]} {kind}.gguf" in err
+    assert f"drafting with the {head_file_of(model_info(drafters[kind])).kind.removeprefix('a ')} {kind}.gguf" in err
     assert drafted["stats"]["by_source"]["dflash"]["rounds"] > 0
     code, out, _ = cli([*base, "--draft", "none"], capsys)
     assert code == 0 and json.loads(out)["tokens"] == drafted["tokens"]
     code, out, err = cli([*base, "-d", str(drafters[kind])], capsys)  # hybrid, the default
     assert code == 0 and json.loads(out)["tokens"] == drafted["tokens"], err
+
+
+def test_bench_runs_the_drafter_beside_plain_decoding(tiny, drafters, tmp_path, capsys):
+    """`bench -d drafter.gguf --draft dflash`: the drafter drafts (counted by source) and the text
+    is plain decoding's."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"class": "c", "prompt": p, "chat": False}) + "\n" for p in PROMPTS[:2]), encoding="utf-8")
+    argv = ["bench", "-m", str(tiny["target"]), "-d", str(drafters["dspark"]), "-t", "1", "-c", "512", "--runs", "1", "-n", "24"]
+    code, out, err = cli([*argv, "--prompts", str(prompts), "--draft", "dflash", "--fixed", "--draft-max", str(K), "--json"], capsys)
+    assert code == 0, err
+    overall = json.loads(out)["classes"]["overall"]
+    assert list(overall) == ["none", "dflash"] and overall["dflash"]["identical_to_plain"] is True
+    drafting = {k: v for k, v in overall["dflash"]["by_source"].items() if v["drafted"]}
+    assert list(drafting) == ["dflash"] and drafting["dflash"]["drafted"] == overall["dflash"]["drafted"] > 0

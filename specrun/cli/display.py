@@ -312,7 +312,7 @@ def _head_file_short(h: HeadFile) -> str:
         d2t = f", {h.draft_vocab} tokens" if h.draft_vocab is not None else ""
         return f"EAGLE-3 for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}{d2t}"
     if h.source == "dflash":
-        return f"{h.kind[2:]} for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}, block {h.block_size}"
+        return f"{h.kind.removeprefix('a ')} for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}, block {h.block_size}"
     return f"MTP assistant for {h.target_hidden}-wide"
 
 

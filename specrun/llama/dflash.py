@@ -108,7 +108,7 @@ class DFlashHead:
             )
         self.head: HeadFile = head
         self.kind = head.variant  # dflash | dspark | dflash2
-        self.what = f"{head.kind[2:]}"
+        self.what = head.kind.removeprefix("a ")  # "DSpark drafter"
         self.layers = head.target_layers
         assert head.mask_token is not None  # (a fault otherwise)
         self.mask = head.mask_token

@@ -81,10 +81,10 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     """The target and draft files for these names, and the settings as they apply: hybrid
     drafts with the target's own MTP heads when it has them (its best free draft; the chooser
     weighs them against what is named or registered beside them: a draft model, an EAGLE-3 head,
-    a block drafter, Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at hand. ``{mode} mtp``
-    on a target without heads (and no assistant given), a draft of the wrong kind for the mode,
-    and a head trained for another target are refused here, from their headers, before anything
-    loads."""
+    a block drafter, Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at
+    hand. ``{mode} mtp`` on a target without heads (and no assistant given), a draft of the wrong
+    kind for the mode, and a head trained for another target are refused here, from their
+    headers, before anything loads."""
     target = require_file(reg.resolve(model))
     t_info = model_info(target.path)
     heads = heads_of(t_info)
@@ -303,8 +303,19 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
             f"drafting with the {dflash.what} {dflash.path.name} (it reads the target's layers {list(dflash.layers)}; "
             f"up to {dflash.max_draft} drafts a block)"
         )
-    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, eagle3=eagle3, parallel=n_seq)
-    p.dflash = dflash
+    p = OpenPair(
+        target,
+        draft,
+        t_info,
+        d_info,
+        notices,
+        placement=placement,
+        workers=cfg.rpc,
+        heads=mtp,
+        eagle3=eagle3,
+        dflash=dflash,
+        parallel=n_seq,
+    )
     p.gate = llama.Gate() if n_seq > 1 else None
     p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
