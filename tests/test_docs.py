@@ -1,7 +1,8 @@
 """Every `specrun ...` command shown in README.md and docs/*.md still parses: the command exists
 and every flag it shows is one of that command's options (a renamed or removed flag fails
 here), and the complete command lines of the code blocks pass the command's own parser, values
-and all. Also: the README stays short, links every page of docs/, and shows the test command."""
+and all. Also: the README stays short, links every page of docs/, and shows the test command;
+every draft mode the engine accepts is in docs/drafting.md's list and in every `--draft` help."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import click
 import pytest
 
 from specrun.cli.main import _command
+from specrun.decode.engine import DRAFT_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -143,3 +145,44 @@ def test_every_flag_shown_in_code_is_an_option_of_specrun_or_of_its_script():
                 elif flag not in known:
                     wrong.append(f"{page.name}: {flag} in `{span}`")
     assert not wrong, "flags no command takes (renamed?): " + "; ".join(wrong)
+
+
+def documented_modes(text: str) -> list[str]:
+    """The modes listed (`- `mode`: ...`) under drafting.md's "Drafting modes" heading."""
+    section = re.search(r"^## Drafting modes[^\n]*\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section, 'docs/drafting.md has no "## Drafting modes" section'
+    return re.findall(r"^- `([a-z0-9]+)`", section.group(1), re.M)
+
+
+def test_every_draft_mode_is_in_drafting_md():
+    listed = documented_modes((ROOT / "docs" / "drafting.md").read_text(encoding="utf-8"))
+    missing = [m for m in DRAFT_MODES if m not in listed]
+    stale = [m for m in listed if m not in DRAFT_MODES]
+    assert not missing, f"docs/drafting.md's list of draft modes leaves out {missing}"
+    assert not stale, f"docs/drafting.md lists modes the engine does not accept: {stale}"
+
+
+def draft_helps() -> dict[str, str]:
+    """Per command with a `--draft` option, that option's help text as `--help` shows it."""
+    return {
+        name: p.help or "" for name, cmd in sorted(_command().commands.items()) for p in cmd.params if "--draft" in getattr(p, "opts", ())
+    }
+
+
+def test_every_draft_help_lists_every_mode():
+    helps = draft_helps()
+    assert {"generate", "chat", "serve", "bench"} <= set(helps), sorted(helps)
+    wrong = {
+        name: missing
+        for name, text in helps.items()
+        if (missing := [m for m in DRAFT_MODES if not re.search(rf"(?<![\w-]){m}(?![\w-])", text)])
+    }
+    assert not wrong, "--draft help leaves out modes: " + "; ".join(f"specrun {n}: {', '.join(m)}" for n, m in wrong.items())
+
+
+def test_the_mode_checks_catch_a_missing_mode():
+    assert documented_modes("## Drafting modes (`--draft`)\n\n- `model`: x;\n- `none`: y.\n\n## Next\n- `ngram`: z\n") == [
+        "model",
+        "none",
+    ]
+    assert not re.search(r"(?<![\w-])mtp(?![\w-])", "the target's MTP heads, --draft-mtp")

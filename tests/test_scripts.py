@@ -50,12 +50,29 @@ def test_scripts_are_shellcheck_clean() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["install.sh", "fetch-demo-models.sh", "chat.sh", "bench.sh", "serve.sh", "bench-serve.sh", "compare-llama-cpp.sh", "worker.sh"],
+    [
+        "install.sh",
+        "fetch-demo-models.sh",
+        "chat.sh",
+        "bench.sh",
+        "serve.sh",
+        "bench-serve.sh",
+        "compare-llama-cpp.sh",
+        "worker.sh",
+        "ab.sh",
+    ],
 )
 def test_help_prints_usage(name: str, tmp_path: Path) -> None:
     result = run_script(name, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"scripts/{name}" in result.stdout  # the usage lines name the script
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ab_refuses_a_base_that_is_no_commit_in_one_line(tmp_path: Path) -> None:
+    result = run_script("ab.sh", "no-such-ref-anywhere", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "'no-such-ref-anywhere' is not a commit here" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -123,7 +123,7 @@ def main() -> int:
     prompts = [p for p in load_prompts(args.prompts) if p.cls in classes]
     if args.limit:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
-    modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + args.types.split(",")
+    modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + [t for t in args.types.split(",") if t]
     modes += ["specrun:base"] + [f"specrun:base:{m}" for m in args.base_modes.split(",") if m] if args.base else []
     samples: list[dict] = []
     if args.from_log:
@@ -240,6 +240,32 @@ def table(samples: list[dict], classes: list[str], prompts: list, modes: list[st
         for m, g in by_mode.items():
             if m.startswith("specrun"):
                 print(f"| {c} | {m} | {g / theirs[top]:.2f}x | {top} |")
+    ab_table(best)
+
+
+def ab_table(best: dict[str, dict[str, float]]) -> None:
+    """The A/B: per class, the default over the base checkout's default and over the best of
+    specrun's modes run alone (plain included, as 1.00x), with the geometric mean over classes."""
+    rows = []
+    for c, by_mode in best.items():
+        alone = {m: g for m, g in by_mode.items() if m.startswith("specrun:") and not m.startswith("specrun:base")}
+        alone["none"] = 1.0
+        top = max(alone, key=lambda m: alone[m])
+        base = by_mode.get("specrun:base")
+        rows.append((c, by_mode.get("specrun"), base, alone[top], top))
+    if not rows or all(r[1] is None for r in rows):
+        return
+    print("\n| class | default x plain | / base | / best mode alone | which |")
+    print("|---|---|---|---|---|")
+    for c, mine, base, top, which in rows:
+        if mine is None:
+            continue
+        vs_base = f"{mine / base:.2f}x" if base else "-"
+        print(f"| {c} | {mine:.2f}x | {vs_base} | {mine / top:.2f}x | {which.removeprefix('specrun:')} |")
+    vs_base = [r[1] / r[2] for r in rows if r[1] and r[2]]
+    vs_top = [r[1] / r[3] for r in rows if r[1]]
+    if vs_base:
+        print(f"| geomean | | {statistics.geometric_mean(vs_base):.3f}x | {statistics.geometric_mean(vs_top):.3f}x | |")
 
 
 if __name__ == "__main__":

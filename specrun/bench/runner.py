@@ -300,12 +300,13 @@ def run_bench(
     on_sample=None,
     heads=None,
     eagle3=None,
+    dflash=None,
     outside: dict[str, Callable[[int, int], RunStats]] | None = None,
 ) -> BenchResult:
     """``tokenize(prompt) -> tokens`` applies the chat template; ``settings`` gives the knobs
     (draft-max etc.) and each mode (see ``parse_mode``) replaces its ``draft`` field, or
-    fixes K. ``heads`` (the target's MTP heads) and ``eagle3`` (an EAGLE-3 head), attached to
-    the target, are sources for the modes that draft with them. Attached, they follow every
+    fixes K. ``heads`` (the target's MTP heads), ``eagle3`` (an EAGLE-3 head) and ``dflash`` (a
+    block drafter), attached to the target, are sources for the modes that draft with them. Attached, they follow every
     target decode, plain decoding's too: they keep the target's state row per token and catch
     up once their queue fills a batch, which a prompt's reset empties first. ``outside`` adds
     another tool's settings (``llama.cpp:draft-simple@8``: ``llamacpp.LlamaCpp``), each a
@@ -326,6 +327,7 @@ def run_bench(
             cost,
             heads=heads if "mtp" in s.sources else None,
             eagle3=eagle3 if "eagle3" in s.sources else None,
+            dflash=dflash if "dflash" in s.sources else None,
         )
     token_lists = [tokenize(p) for p in prompts]
     if not cost.verify:

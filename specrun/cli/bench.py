@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 "--draft",
-                help="Comma-separated modes to compare with plain decoding: none, model, ngram, mtp, eagle3, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-min 0; e.g. model:4).",
+                help="Comma-separated modes to compare with plain decoding: none, model, ngram, mtp, eagle3, dflash, hybrid; MODE:K runs MODE with exactly K drafts every round (fixed, p-min 0; e.g. model:4).",
             ),
         ] = "model,ngram,hybrid",
         classes: Annotated[
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
 
             result = run_bench(
                 pair.target, pair.draft, plist, wanted, Sampler(0.0), opts.settings, tokenize, n_predict, runs, cost, progress,
-                heads=pair.heads, eagle3=pair.eagle3, outside=outside,
+                heads=pair.heads, eagle3=pair.eagle3, dflash=pair.dflash, outside=outside,
             )  # fmt: skip
             if cost.measured.get("disturbed"):
                 err.print(

@@ -136,6 +136,8 @@ def head_file_text(h: HeadFile, mismatch: str | None) -> Text:
     if mismatch is None:
         t.append("it fits this target", style="bold green")
         t.append(f"; --draft {h.source} drafts with it alone, hybrid (the default) chooses")
+    elif h.fault is not None:
+        t.append(f"unusable: {mismatch}", style="bold red")
     else:
         t.append(f"not this target's: {mismatch}", style="bold red")
     return t
@@ -248,9 +250,11 @@ def inspect_table(m: ModelInfo) -> Table:
         rows.append(("draft heads", f"none: {h.stripped_note()}"))
     d = head_file_of(m)
     if d is not None:
-        if d.source == "eagle3":
+        if d.source in ("eagle3", "dflash"):
             borrows = [what for what, own in (("token embeddings", d.own_embeddings), ("output head", d.own_output)) if not own]
             uses = f"; borrows the target's {' and '.join(borrows)}" if borrows else ""
+            if d.fault is not None:
+                uses += f"; unusable: {d.fault}"
         else:
             uses = "; attends over the target's KV cache and borrows its token embeddings"
         rows.append(("draft head", d.describe() + uses))
@@ -307,6 +311,8 @@ def _head_file_short(h: HeadFile) -> str:
     if h.source == "eagle3":
         d2t = f", {h.draft_vocab} tokens" if h.draft_vocab is not None else ""
         return f"EAGLE-3 for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}{d2t}"
+    if h.source == "dflash":
+        return f"{h.kind.removeprefix('a ')} for {h.target_hidden}-wide, layers {','.join(str(i) for i in h.target_layers)}, block {h.block_size}"
     return f"MTP assistant for {h.target_hidden}-wide"
 
 

@@ -150,7 +150,7 @@ DRAFTING = (
         "mode",
         ("--draft",),
         "Drafter: model, ngram, mtp (the target's own MTP heads, or Gemma 4's assistant given with -d), eagle3 (the "
-        "EAGLE-3 head given with -d), hybrid (each round, the best of the n-gram lookup, the target's MTP heads and what "
+        "EAGLE-3 head given with -d), dflash (the block drafter given with -d: DFlash, DSpark or DFlash2), hybrid (each round, the best of the n-gram lookup, the target's MTP heads and what "
         "-d gives) or none (plain decoding).",
         str,
     ),

@@ -32,9 +32,9 @@ from specrun.decode.stats import RoundStats, RunStats
 from specrun.errors import PromptTooLong, UsageError
 
 if TYPE_CHECKING:  # the engine never imports llama_cpp itself
-    from specrun.llama import Eagle3Head, Model, MtpHeads
+    from specrun.llama import DFlashHead, Eagle3Head, Model, MtpHeads
 
-DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "hybrid", "none")
+DRAFT_MODES = ("model", "ngram", "mtp", "eagle3", "dflash", "hybrid", "none")
 # adaptive: the chooser picks K up to it, here as far as one verify returns rows of logits for
 # (n_outputs_max, less one). Trades: a long pure copy ran 1.09-1.13x faster than at 32 on the demo
 # pair, where a 64-token verify costs 1.5 times a 33-token one; each long copy that breaks costs
@@ -54,7 +54,9 @@ PREDICTED, REMEMBERED = "prediction", "suffix"
 class Settings:
     """How to draft. Every front end builds one of these; its defaults are the defaults."""
 
-    mode: str = "hybrid"  # model | ngram | mtp (the target's own heads) | eagle3 (an EAGLE-3 head) | hybrid | none
+    # model | ngram | mtp (the target's own heads) | eagle3 (an EAGLE-3 head) | dflash (a block drafter:
+    # DFlash, DSpark, DFlash2) | hybrid | none
+    mode: str = "hybrid"
     # the most drafts a round; left out (None), the mode's default, set at construction, so it is
     # an int from then on
     draft_max: int = cast(int, None)
@@ -88,13 +90,14 @@ class Settings:
 
     @property
     def sources(self) -> list[str]:
-        hybrid = ["ngram", "mtp", "model", "eagle3"]  # those at hand
-        return {"model": ["model"], "ngram": ["ngram"], "mtp": ["mtp"], "eagle3": ["eagle3"], "hybrid": hybrid, "none": []}[self.mode]
+        hybrid = ["ngram", "mtp", "model", "eagle3", "dflash"]  # those at hand
+        alone = {m: [m] for m in ("model", "ngram", "mtp", "eagle3", "dflash")}
+        return {**alone, "hybrid": hybrid, "none": []}[self.mode]
 
     def without_draft_model(self, heads: bool = False) -> Settings:
         """These settings when no draft model is at hand: hybrid is the n-gram lookup alone,
         or with the draft heads when some are loaded (``heads``: the target's MTP heads, an
-        EAGLE-3 head)."""
+        EAGLE-3 head, a block drafter)."""
         return dataclasses.replace(self, mode="ngram") if self.mode == "hybrid" and not heads else self
 
 
@@ -218,15 +221,18 @@ class Engine:
         learned: Learned | None = None,
         heads: MtpHeads | None = None,
         eagle3: Eagle3Head | None = None,
+        dflash: DFlashHead | None = None,
     ):
         """``cost``: the verify curve to start from; ``learned``: what an earlier run stored
         (its curve, unless ``cost`` is given, what each source learned, the near-tie rate);
-        ``heads``: the target's MTP heads, ``eagle3``: an EAGLE-3 head, each attached to it
-        (a source of its own)."""
+        ``heads``: the target's MTP heads, ``eagle3``: an EAGLE-3 head, ``dflash``: a block
+        drafter, each attached to it (a source of its own)."""
         if settings.mode == "mtp" and heads is None:
             raise UsageError("{mode} mtp needs the target's MTP heads loaded", "use another {mode}", "mode")
         if settings.mode == "eagle3" and eagle3 is None:
             raise UsageError("{mode} eagle3 needs an EAGLE-3 head", "give one ({draft_model}) or use another {mode}", "mode")
+        if settings.mode == "dflash" and dflash is None:
+            raise UsageError("{mode} dflash needs a block drafter", "give one ({draft_model}) or use another {mode}", "mode")
         if settings.mode == "model" and draft is None:
             raise UsageError(f"{{mode}} {settings.mode} needs a draft model", "give one ({draft_model}) or use {mode} ngram", "draft_model")
         cap = target.opts.n_outputs_max - 1  # a verify returns a row of logits per draft and one more
@@ -242,8 +248,8 @@ class Engine:
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.prediction, self.history = Prediction(), History()  # the reply's (see generate)
         self.makings = draft_sources.Makings(
-            target, draft, heads, eagle3, sampler, self.rng, self.cost, settings.draft_max, (settings.ngram_min, settings.ngram_max),
-            self.prediction, self.history,
+            target, draft, heads, eagle3, dflash, sampler, self.rng, self.cost, settings.draft_max,
+            (settings.ngram_min, settings.ngram_max), self.prediction, self.history,
         )  # fmt: skip
         self.sources: dict[str, Source] = draft_sources.build(settings.sources, self.makings)
         for src in self.sources.values():

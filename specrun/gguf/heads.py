@@ -8,9 +8,10 @@ holds only those blocks. The trunk's own cache leaves them out, so a header's KV
 every block (``ModelInfo.kv_bytes``) already counts the heads' cache, and its weights count
 their tensors: :class:`Heads` says which part of each is theirs.
 
-An EAGLE-3 head (arch ``eagle3``) and Gemma 4's MTP assistant (arch ``gemma4-assistant``) are
-files of their own, each trained for one target: :class:`HeadFile` says for which (its hidden
-size, the layers it reads), so a wrong pairing is refused before anything loads.
+An EAGLE-3 head (arch ``eagle3``), Gemma 4's MTP assistant (arch ``gemma4-assistant``) and a
+block drafter (arch ``dflash``: DFlash, DSpark or DFlash2) are files of their own, each trained
+for one target: :class:`HeadFile` says for which (its hidden size, the layers it reads), so a
+wrong pairing is refused before anything loads, and so is a file llama.cpp would fail or abort on.
 
 Nothing here loads weights (of an EAGLE-3 head's tensors, only its ``d2t``, a list of token
 ids, is read, to check it): ``check-pair``, ``drafts``, ``inspect`` and ``models --scan`` read
@@ -19,7 +20,7 @@ it in milliseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,8 +120,14 @@ def heads_of(m: ModelInfo) -> Heads:
 # --- draft heads in a file of their own, for one target -----------------------------------------
 
 # architecture -> (the draft source it is, the target architecture it serves; None: any)
-HEAD_FILE_ARCHS = {"eagle3": ("eagle3", None), "gemma4-assistant": ("mtp", "gemma4")}
+HEAD_FILE_ARCHS = {"eagle3": ("eagle3", None), "gemma4-assistant": ("mtp", "gemma4"), "dflash": ("dflash", None)}
 MAX_D2T = 1 << 22  # a d2t longer than this maps more tokens than any vocabulary has: not read
+# block drafters, by the tensor that marks each (llama.cpp's common/speculative.cpp tells DSpark
+# by its Markov head; src/models/dflash.cpp runs DFlash2's selector where it has one)
+BLOCK_KINDS = {"dspark": "markov_w1.weight", "dflash2": "selector_hidden.weight"}
+BLOCK_NAMES = {"dflash": "DFlash", "dspark": "DSpark", "dflash2": "DFlash2"}
+DEFAULT_BLOCK = 16  # dflash.block_size where a file has none, as llama.cpp's loop assumes
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # each required, > 0
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,11 @@ class HeadFile:
     has none: it serves a target of the hidden size it was trained on
     (``eagle3.target_hidden_size``) that has the layers it reads (``eagle3.target_layers``).
     Gemma 4's assistant reads the target's final state (``{arch}.embedding_length_out`` wide)
-    and attends over its KV cache: it serves a Gemma 4 target of that width. Either, like any
-    draft, needs the target's vocabulary."""
+    and attends over its KV cache: it serves a Gemma 4 target of that width. A block drafter
+    (``kind`` dflash, dspark or dflash2) reads the target's inputs to the layers it names
+    (``dflash.target_layers``), each as wide as the drafter itself, and drafts a block of
+    ``block_size`` rows, all but the first the mask token: it serves a target of its own width
+    that has those layers. Any of them, like any draft, needs the target's vocabulary."""
 
     architecture: str
     target_hidden: int
@@ -145,23 +155,45 @@ class HeadFile:
     draft_vocab: int | None = None  # EAGLE-3's d2t: it guesses among this many tokens, mapped to the target's
     d2t_top: int | None = None  # the largest target token id its d2t maps to
     d2t_fault: str | None = None  # what is wrong with its d2t by itself (llama.cpp would abort on it)
+    # block drafters
+    variant: str = ""  # dflash | dspark | dflash2
+    block_size: int = 0  # rows of one block (dflash.block_size, else DEFAULT_BLOCK)
+    mask_token: int | None = None  # tokenizer.ggml.mask_token_id
+    n_vocab: int = 0  # tokens in its own tokenizer: each row of logits it hands out is this long
+    anchor: bool = False  # DSpark sampling from the anchor: a block's first row guesses too
+    fault: str | None = None  # what is wrong with the file by itself (llama.cpp would refuse or abort on it)
 
     @property
     def source(self) -> str:
-        """The draft source it is: ``eagle3``, or ``mtp`` (an assistant is MTP heads in a file)."""
+        """The draft source it is: ``eagle3``, ``dflash``, or ``mtp`` (an assistant is MTP heads
+        in a file)."""
         return HEAD_FILE_ARCHS[self.architecture][0]
 
     @property
     def kind(self) -> str:
+        if self.source == "dflash":
+            return f"a {BLOCK_NAMES.get(self.variant, 'DFlash')} drafter"
         return "an EAGLE-3 head" if self.source == "eagle3" else "Gemma 4's MTP assistant"
+
+    @property
+    def max_draft(self) -> int:
+        """A block drafter's most drafts from one block: every row but the first (the last
+        token's), or every row where the first guesses too (a DSpark drafter that samples from
+        the anchor, llama.cpp's default for it)."""
+        return self.block_size if self.anchor else max(0, self.block_size - 1)
 
     def describe(self) -> str:
         """'EAGLE-3 head for a 4096-wide target (reads its layers 2, 16, 29; guesses among 32000
         of its tokens, d2t)'."""
+        layers = ", ".join(str(i) for i in self.target_layers)
+        d2t = f"; guesses among {self.draft_vocab} of its tokens, d2t" if self.draft_vocab is not None else ""
         if self.source == "eagle3":
-            layers = ", ".join(str(i) for i in self.target_layers)
-            d2t = f"; guesses among {self.draft_vocab} of its tokens, d2t" if self.draft_vocab is not None else ""
             return f"EAGLE-3 head for a {self.target_hidden}-wide target (reads its layers {layers}{d2t})"
+        if self.source == "dflash":
+            return (
+                f"{BLOCK_NAMES.get(self.variant, 'DFlash')} block drafter for a {self.target_hidden}-wide target "
+                f"(reads its layers {layers or 'none'}; blocks of {self.block_size}, up to {self.max_draft} drafts each{d2t})"
+            )
         return f"Gemma 4 MTP assistant for a {self.target_hidden}-wide {HEAD_FILE_ARCHS[self.architecture][1]} target"
 
     def mismatch(self, t: ModelFacts) -> str | None:
@@ -169,6 +201,8 @@ class HeadFile:
         also give an EAGLE-3 head a target's final state as the layer n_layer, through its MTP
         output; specrun reads layer inputs only.)"""
         want = HEAD_FILE_ARCHS[self.architecture][1]
+        if self.fault is not None:
+            return self.fault
         if t.architecture in HEAD_FILE_ARCHS:
             return f"{t.path.name} is a draft head itself, not a target"
         if want is not None and t.architecture != want:
@@ -180,6 +214,13 @@ class HeadFile:
                 return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
             if not all(0 <= i < t.n_layer for i in self.target_layers):
                 return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+            if self.draft_vocab is not None:
+                return self._d2t_mismatch(t)
+        if self.source == "dflash":
+            if not all(0 <= i < t.n_layer for i in self.target_layers):
+                return f"it reads the target's layers {list(self.target_layers)}, and {t.path.name} has {t.n_layer} (0..{t.n_layer - 1})"
+            if self.n_vocab != t.n_vocab:  # llama.cpp would read rows of this length from the target's output head
+                return f"it has {self.n_vocab} tokens, and {t.path.name} has {t.n_vocab}"
             if self.draft_vocab is not None:
                 return self._d2t_mismatch(t)
         return None
@@ -211,14 +252,23 @@ class HeadFile:
             "draft_vocab": self.draft_vocab,
             "d2t_top": self.d2t_top,
             "d2t_fault": self.d2t_fault,
+            "variant": self.variant,
+            "block_size": self.block_size,
+            "mask_token": self.mask_token,
+            "n_vocab": self.n_vocab,
+            "anchor": self.anchor,
+            "fault": self.fault,
         }
 
     @classmethod
     def from_json(cls, d: dict) -> HeadFile:
         vocab, top, fault = d["draft_vocab"], d["d2t_top"], d["d2t_fault"]
+        mask, own = d.get("mask_token"), d.get("fault")  # (a catalog entry from before block drafters has none)
         return cls(str(d["architecture"]), int(d["target_hidden_size"]), tuple(int(i) for i in d["target_layers"]),
                    bool(d["own_embeddings"]), bool(d["own_output"]), None if vocab is None else int(vocab),
-                   None if top is None else int(top), None if fault is None else str(fault))  # fmt: skip
+                   None if top is None else int(top), None if fault is None else str(fault),
+                   str(d.get("variant", "")), int(d.get("block_size", 0)), None if mask is None else int(mask),
+                   int(d.get("n_vocab", 0)), bool(d.get("anchor", False)), None if own is None else str(own))  # fmt: skip
 
 
 def head_file_of(m: ModelInfo) -> HeadFile | None:
@@ -230,21 +280,80 @@ def head_file_of(m: ModelInfo) -> HeadFile | None:
     if HEAD_FILE_ARCHS[arch][0] == "mtp":  # the assistant's states are the target's final ones
         hidden = m.header.get(f"{arch}.embedding_length_out")
         return HeadFile(arch, int(hidden) if isinstance(hidden, (int, np.integer)) else 0, own_embeddings=True, own_output=True)
-    raw = m.header.get(f"{arch}.target_layers")
-    layers = tuple(int(i) for i in raw) if raw is not None and not isinstance(raw, (str, bytes)) else ()
+    layers = _ints(m.header.get(f"{arch}.target_layers"))
     hidden = m.header.get(f"{arch}.target_hidden_size")
     d2t = tensors.get("d2t")
     top, fault = _read_d2t(m, d2t, tensors.get("output.weight")) if d2t is not None else (None, None)
-    return HeadFile(
+    head = HeadFile(
         arch,
         int(hidden) if isinstance(hidden, (int, np.integer)) else 0,
-        layers,
+        layers or (),
         "token_embd.weight" in tensors,
         "output.weight" in tensors,
         int(d2t.shape[0]) if d2t is not None else None,
         top,
         fault,
     )
+    return _block_drafter(m, head, layers, tensors) if HEAD_FILE_ARCHS[arch][0] == "dflash" else head
+
+
+def _ints(raw: object) -> tuple[int, ...] | None:
+    """An array of integers from the header (None: absent, or not integers)."""
+    if raw is None or isinstance(raw, (str, bytes)):
+        return None
+    try:
+        return tuple(int(i) for i in raw)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return None
+
+
+def _block_drafter(m: ModelInfo, head: HeadFile, layers: tuple[int, ...] | None, tensors: dict[str, TensorInfo]) -> HeadFile:
+    """``head`` (a dflash file read as any head file) as the block drafter it is: its kind, block,
+    mask token, and what llama.cpp would refuse or abort on in it (the first such thing)."""
+    h = m.header
+    variant = next((v for v, marker in BLOCK_KINDS.items() if marker in tensors), "dflash")
+    block, mask = h.get("dflash.block_size"), h.get("tokenizer.ggml.mask_token_id")
+    anchor = variant == "dspark" and bool(h.get("dflash.sample_from_anchor", True))
+    fc = tensors.get("fc.weight")
+    fault = None
+    if not layers:  # the loader throws without them; an empty list leaves the fusion nothing to read
+        fault = "it names no target layers (dflash.target_layers), which llama.cpp needs to load it"
+    elif not isinstance(mask, (int, np.integer)) or not 0 <= int(mask) < m.n_vocab:
+        fault = "it has no mask token (tokenizer.ggml.mask_token_id) to fill its blocks with"
+    elif block is None and variant == "dspark":  # the Markov head's graph asserts on it
+        fault = "a DSpark drafter needs dflash.block_size, and it has none"
+    elif block is not None and (not isinstance(block, (int, np.integer)) or int(block) < 2):
+        fault = f"its blocks are {block} rows long (dflash.block_size): nothing to draft"
+    elif fc is not None and tuple(fc.shape) != (len(layers) * m.n_embd, m.n_embd):
+        fault = (
+            f"its fc takes {fc.shape[0]}-wide features, and {len(layers)} layers of a {m.n_embd}-wide target are {len(layers) * m.n_embd}"
+        )
+    elif variant == "dflash2":
+        fault = _dflash2_fault(m, block)
+    return replace(
+        head,
+        target_hidden=m.n_embd,  # the fusion reads the target's layers at the drafter's own width
+        variant=variant,
+        block_size=int(block) if isinstance(block, (int, np.integer)) else DEFAULT_BLOCK,
+        mask_token=int(mask) if isinstance(mask, (int, np.integer)) else None,
+        n_vocab=m.n_vocab,
+        anchor=anchor,
+        fault=fault,
+    )
+
+
+def _dflash2_fault(m: ModelInfo, block: object) -> str | None:
+    """What llama.cpp's loader refuses in a DFlash2 file (src/models/dflash.cpp), or None."""
+    got = {k: m.header.get(f"dflash.{k}") for k in DFLASH2_KEYS}
+    missing = [k for k, v in got.items() if not isinstance(v, (int, np.integer)) or v <= 0]
+    if missing or block is None:
+        return f"a DFlash2 drafter needs dflash.{', dflash.'.join(missing or ['block_size'])}, and it lacks them"
+    group, top_k = int(got["conv_group_size"]), int(got["selector_top_k"])
+    if m.n_embd % group:
+        return f"its width {m.n_embd} is not a multiple of its conv_group_size {group}"
+    if m.n_embd < top_k * (top_k + 1):
+        return f"its width {m.n_embd} is too small for a selector of top-{top_k} (needs {top_k * (top_k + 1)})"
+    return None
 
 
 def _read_d2t(m: ModelInfo, d2t: TensorInfo, output: TensorInfo | None) -> tuple[int | None, str | None]:

@@ -137,7 +137,7 @@ class Sequence:
 
     rollback_method = "trim"
     draft_limit = None
-    heads = eagle3 = None
+    heads = eagle3 = dflash = None
 
     def __init__(self, model: Model, seq: int, gate: Gate):
         if not 0 <= seq < model.opts.n_seq_max:

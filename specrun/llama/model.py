@@ -37,8 +37,8 @@ PIECE_BYTES = 256  # a token piece longer than this is asked for again at its si
 
 
 class Attached(Protocol):
-    """A draft head whose context rides on a model's (``heads.py``): it sees every batch the
-    model decodes and moves back with it."""
+    """A draft head whose context rides on a model's (``heads.py``, ``dflash.py``): it sees
+    every batch the model decodes and moves back with it."""
 
     def process(self, tokens: list[int], pos0: int) -> None: ...
     def rollback(self, n_past: int) -> None: ...
@@ -155,9 +155,10 @@ class Model:
         self._ctx = None
         self._batch = None
         # the heads that follow its sequence, once attached (every decode and rollback): the
-        # built-in MTP heads, an EAGLE-3 head
+        # built-in MTP heads, an EAGLE-3 head, a block drafter (DFlash)
         self.heads: Attached | None = None
         self.eagle3: Attached | None = None
+        self.dflash: Attached | None = None
         log.mark()
         mp, self._keep = _model_params(opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
@@ -221,7 +222,7 @@ class Model:
 
     @property
     def _attached(self) -> list[Attached]:
-        return [f for f in (self.heads, self.eagle3) if f is not None]
+        return [f for f in (self.heads, self.eagle3, self.dflash) if f is not None]
 
     @staticmethod
     def _parse_offload(lines: list[str]) -> Offload:
@@ -409,7 +410,7 @@ class Model:
 
     def rollback(self, n_past: int) -> None:
         """Forget every position >= n_past. The one place positions move backwards (the
-        attached heads, MTP or EAGLE-3, move with it)."""
+        attached heads, MTP, EAGLE-3 or a block drafter, move with it)."""
         if n_past >= self.n_past:
             return
         heads = self._attached
@@ -482,7 +483,7 @@ class Model:
     def close(self) -> None:
         for f in self._attached:  # their contexts refer to this one and to the model: they go first
             f.close()
-        self.heads = self.eagle3 = None
+        self.heads = self.eagle3 = self.dflash = None
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None

@@ -19,7 +19,7 @@ from specrun.decode.costs import CostModel
 from specrun.decode.engine import Engine, Settings
 from specrun.decode.learned import CostStore
 from specrun.decode.sampling import Sampler
-from specrun.errors import IncompatiblePair, InputError, UsageError
+from specrun.errors import BadModelFile, IncompatiblePair, InputError, UsageError
 from specrun.fit.memory import Dev
 from specrun.fit.placement import Placement, describe, fit
 from specrun.gguf.architecture import require_loadable
@@ -32,7 +32,7 @@ from specrun.run.inventory import connect
 from specrun.run.pair import assess
 
 if TYPE_CHECKING:  # llama_cpp is imported only when a pair is opened (header-only commands stay quick)
-    from specrun.llama import Eagle3Head, Gate, Model, MtpHeads
+    from specrun.llama import DFlashHead, Eagle3Head, Gate, Model, MtpHeads
 
 GPU_REINSTALL = (
     "this llama-cpp-python build cannot offload to a GPU, so everything runs on the CPU; for NVIDIA "
@@ -81,10 +81,10 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     """The target and draft files for these names, and the settings as they apply: hybrid
     drafts with the target's own MTP heads when it has them (its best free draft; the chooser
     weighs them against what is named or registered beside them: a draft model, an EAGLE-3 head,
-    Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at hand. ``{mode} mtp``
-    on a target without heads (and no assistant given), a draft of the wrong kind for the mode,
-    and a head trained for another target are refused here, from their headers, before anything
-    loads."""
+    a block drafter, Gemma 4's MTP assistant), and is the n-gram lookup alone with nothing at
+    hand. ``{mode} mtp`` on a target without heads (and no assistant given), a draft of the wrong
+    kind for the mode, and a head trained for another target are refused here, from their
+    headers, before anything loads."""
     target = require_file(reg.resolve(model))
     t_info = model_info(target.path)
     heads = heads_of(t_info)
@@ -98,11 +98,11 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
             )
         return target, None, settings
     draft = None
-    if settings.mode == "mtp" or "model" in settings.sources or "eagle3" in settings.sources:  # (mtp: an assistant is given)
+    if settings.mode == "mtp" or {"model", "eagle3", "dflash"} & set(settings.sources):  # (mtp: an assistant is given)
         d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
         if d is None:
-            if settings.mode in ("model", "eagle3"):
-                what = "EAGLE-3 head" if settings.mode == "eagle3" else "draft model"
+            if settings.mode in ("model", "eagle3", "dflash"):
+                what = {"eagle3": "EAGLE-3 head", "dflash": "block drafter"}.get(settings.mode, "draft model")
                 raise UsageError(
                     f"no {what} for {target.label}",
                     "give one ({draft_model}), set `draft` in its registry entry, or use {mode} ngram",
@@ -114,12 +114,19 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
     return target, draft, settings if draft is not None else settings.without_draft_model(heads.usable)
 
 
-_WANTS = {"model": "a draft model", "eagle3": "an EAGLE-3 head", "mtp": "an MTP assistant"}  # what -d must be, by mode
+# what -d must be, by mode
+_WANTS = {
+    "model": "a draft model",
+    "eagle3": "an EAGLE-3 head",
+    "mtp": "an MTP assistant",
+    "dflash": "a block drafter (DFlash, DSpark, DFlash2)",
+}
 
 
 def _check_draft_kind(t_info: ModelInfo, target: Resolved, draft: Resolved, settings: Settings) -> None:
-    """The draft file is of the kind the mode drafts with (a draft model, an EAGLE-3 head,
-    Gemma 4's MTP assistant; any for hybrid), and a head is one trained for this target."""
+    """The draft file is of the kind the mode drafts with (a draft model, an EAGLE-3 head, a
+    block drafter, Gemma 4's MTP assistant; any for hybrid), and a head is one trained for this
+    target. A head file llama.cpp would refuse or abort on by itself is a bad file (exit 3)."""
     info = model_info(draft.path)
     head = head_file_of(info)
     source = head.source if head is not None else "model"
@@ -133,6 +140,8 @@ def _check_draft_kind(t_info: ModelInfo, target: Resolved, draft: Resolved, sett
             "draft_model",
         )
     why = head.mismatch(t_info) if head is not None else None
+    if head is not None and why and head.fault is not None:
+        raise BadModelFile(f"{draft.label} ({head.kind}) cannot be used: {why}", "convert it again with llama.cpp's convert_hf_to_gguf.py")
     if head is not None and why:
         raise UsageError(
             f"{draft.label} ({head.kind}) cannot draft for {target.label}: {why}", "give the head trained for this target", "draft_model"
@@ -172,6 +181,7 @@ class OpenPair:
     cost_key: str = ""
     heads: MtpHeads | None = None  # the target's own MTP heads, loaded and attached to it
     eagle3: Eagle3Head | None = None  # an EAGLE-3 head given as the draft, loaded and attached to it
+    dflash: DFlashHead | None = None  # a block drafter given as the draft, loaded and attached to it
     labels: tuple[str, str | None] = ("", None)  # the names the user gave, as the registry resolved them
     placement: Placement | None = None
     workers: tuple[str, ...] = ()  # the RPC workers in use
@@ -180,10 +190,11 @@ class OpenPair:
 
     def settings_for(self, settings: Settings) -> Settings:
         """``settings`` as they apply to this pair: hybrid without a draft model is the n-gram
-        lookup, with whatever heads are loaded (the target's MTP heads, an EAGLE-3 head)."""
+        lookup, with whatever heads are loaded (the target's MTP heads, an EAGLE-3 head, a block
+        drafter)."""
         if self.draft is not None:
             return settings
-        return settings.without_draft_model(self.heads is not None or self.eagle3 is not None)
+        return settings.without_draft_model(any(h is not None for h in (self.heads, self.eagle3, self.dflash)))
 
     def close(self) -> None:
         if self.draft is not None:
@@ -195,10 +206,10 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
     place both models, check the fit per device, then load both; with ``heads``, the target's
     MTP heads too (their weights and KV are in the target's estimate already). A draft that is
-    a head in a file of its own (an EAGLE-3 head, Gemma 4's MTP assistant) is placed and fitted
+    a head in a file of its own (an EAGLE-3 head, a block drafter, Gemma 4's MTP assistant) is placed and fitted
     as a draft, and loaded beside the target, attached to it."""
     from specrun import llama
-    from specrun.llama import Eagle3Head, Gemma4Assistant, LoadOptions, Model, MtpHeads
+    from specrun.llama import DFlashHead, Eagle3Head, Gemma4Assistant, LoadOptions, Model, MtpHeads
 
     t_info = model_info(target_path)
     d_info = model_info(draft_path) if draft_path is not None else None
@@ -260,6 +271,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     draft = None
     mtp = None
     eagle3 = None
+    dflash = None
     try:
         if heads:
             mtp = MtpHeads(target)
@@ -267,6 +279,8 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
             head = head_file_of(d_info) if d_info is not None else None
             if head is not None and head.source == "eagle3":
                 eagle3 = Eagle3Head(target, draft_path, options(placement.draft, n_seq))
+            elif head is not None and head.source == "dflash":
+                dflash = DFlashHead(target, draft_path, options(placement.draft, n_seq))
             elif head is not None:
                 mtp = Gemma4Assistant(target, draft_path, options(placement.draft, n_seq))
             else:
@@ -284,7 +298,24 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
         notices.append(f"drafting with {t_info.path.name}'s own MTP heads ({mtp.n_heads}{chain})")
     if eagle3 is not None:
         notices.append(f"drafting with the EAGLE-3 head {eagle3.path.name} (it reads the target's layers {list(eagle3.layers)})")
-    p = OpenPair(target, draft, t_info, d_info, notices, placement=placement, workers=cfg.rpc, heads=mtp, eagle3=eagle3, parallel=n_seq)
+    if dflash is not None:
+        notices.append(
+            f"drafting with the {dflash.what} {dflash.path.name} (it reads the target's layers {list(dflash.layers)}; "
+            f"up to {dflash.max_draft} drafts a block)"
+        )
+    p = OpenPair(
+        target,
+        draft,
+        t_info,
+        d_info,
+        notices,
+        placement=placement,
+        workers=cfg.rpc,
+        heads=mtp,
+        eagle3=eagle3,
+        dflash=dflash,
+        parallel=n_seq,
+    )
     p.gate = llama.Gate() if n_seq > 1 else None
     p.cost_key = cost_key(t_info, d_info, cfg, placement, inv)
     return p
@@ -336,7 +367,7 @@ def open_engine(
     that one was disturbed (its curve serves this run only). The draft model's step is timed
     again at the first prompt (``ModelSource.begin``): the stored one is only a prior."""
     learned = store.load(pair.cost_key)
-    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads, eagle3=pair.eagle3)
+    engine = Engine(pair.target, pair.draft, settings, sampler, learned=learned, heads=pair.heads, eagle3=pair.eagle3, dflash=pair.dflash)
     if settings.sources and not settings.fixed and (recalibrate or not engine.cost.verify):
         if on_notice is not None:
             on_notice("measuring this machine's verify costs (stored for next time)...")

@@ -408,6 +408,7 @@ class Host:
                 self._cost(slot),
                 heads=self.pair.heads,
                 eagle3=self.pair.eagle3,
+                dflash=self.pair.dflash,
             )
             if settings.sources and not settings.fixed and not self.cost.verify:
                 self.observer.notice("measuring this machine's verify costs once (cached for next time)...")

@@ -178,7 +178,9 @@ class _Generation(_Body):
     stream_options: Optional[StreamOptions] = None
     n: int = Field(1, ge=1)
     speculative: Optional[Speculative] = None
-    draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "hybrid", "none"]] = Field(None, description="the drafter for this request")
+    draft: Optional[Literal["model", "ngram", "mtp", "eagle3", "dflash", "hybrid", "none"]] = Field(
+        None, description="the drafter for this request"
+    )
     prediction: Optional[Prediction] = None
     user: Optional[str] = Field(None, max_length=256, description="who the request is for: its own earlier replies are drafted from")
     # accepted but refused unless they are their no-op value (see check_unsupported)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from specrun.decode.round import History, Prediction
 from specrun.decode.sources.base import Source
+from specrun.decode.sources.dflash import DFlashSource
 from specrun.decode.sources.eagle3 import Eagle3Source
 from specrun.decode.sources.model import ModelSource
 from specrun.decode.sources.mtp import MtpSource
@@ -23,9 +24,11 @@ if TYPE_CHECKING:
 
     from specrun.decode.costs import CostModel
     from specrun.decode.sampling import Sampler
-    from specrun.llama import Eagle3Head, Model, MtpHeads
+    from specrun.llama import DFlashHead, Eagle3Head, Model, MtpHeads
 
-__all__ = ["Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "SuffixSource", "build"]
+__all__ = [
+    "DFlashSource", "Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "SuffixSource", "build",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Makings:
     draft: Model | None
     heads: MtpHeads | None
     eagle3: Eagle3Head | None
+    dflash: DFlashHead | None
     sampler: Sampler
     rng: np.random.Generator
     cost: CostModel
@@ -59,6 +63,9 @@ MAKERS: dict[str, Callable[[Makings], Source | None]] = {
     "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
     "eagle3": lambda m: (
         Eagle3Source(m.eagle3, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.eagle3 else None
+    ),
+    "dflash": lambda m: (
+        DFlashSource(m.dflash, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.dflash else None
     ),
 }
 

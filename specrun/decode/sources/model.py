@@ -97,6 +97,11 @@ class Autoregressive:
     def _end(self) -> None:
         """Drafting is over (the last guess is never fed: the target judges it first)."""
 
+    def _confidence(self, i: int, row: np.ndarray, x: int) -> float:
+        """The confidence in greedy draft ``i``, ``x``, the argmax of ``row``: its softmax
+        probability, unless the source states one of its own."""
+        return greedy_confidence(row, x)
+
     # --- the chooser's view ----------------------------------------------------------
 
     def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
@@ -159,7 +164,7 @@ class Autoregressive:
                 row = logits[: self.n_vocab]
                 if self.sampler.greedy:
                     x = int(np.argmax(row))
-                    conf = greedy_confidence(row, x)
+                    conf = self._confidence(i, row, x)
                     q = Dist.one_hot(x)
                 else:
                     q = self.sampler.dist(row)
