@@ -5,6 +5,7 @@
 #   RUNS=3 LIMIT=1 scripts/ab.sh BASE    # runs (alternated, medians), prompts per class
 #   REGIMES=q4 scripts/ab.sh BASE        # only the compute-bound demo pair (q4), or only f16
 #   HELDOUT=1 scripts/ab.sh BASE         # also the held-out prompts (scripts/tools/heldout_prompts.jsonl)
+#   ALONE= Q4_TYPES= F16_TYPES= scripts/ab.sh BASE   # only the two defaults and plain (a quick check)
 #
 # For each regime (the Q4_K_M demo target: compute-bound on a CPU; its F16 requantization:
 # memory-bound, as a GPU target is) it runs scripts/tools/compare_ngram.py with this checkout's
@@ -17,7 +18,7 @@
 # Run it on a quiet machine: nothing else may run meanwhile.
 set -euo pipefail
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
   "") usage >&2; exit 2 ;;
@@ -40,6 +41,9 @@ runs=${RUNS:-3}
 limit=${LIMIT:-1}
 threads=${THREADS:-$(getconf _NPROCESSORS_ONLN)}
 classes=${CLASSES:-chat,code-gen,code-edit,translation,summarise,explain}
+alone=${ALONE-ngram,model}
+q4_types=${Q4_TYPES-ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache}
+f16_types=${F16_TYPES-draft-simple,draft-simple@4,draft-simple@8,draft-simple@16}
 
 work=$(mktemp -d)
 cleanup() { git -C "$repo" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"; }
@@ -54,19 +58,19 @@ one() {  # $1 = regime name, $2 = target, $3 = llama.cpp types; then extra argum
   [[ -f $target ]] || { echo "skipping $name: $target is missing (scripts/fetch-demo-models.sh${name:+ --$name})" >&2; return 0; }
   echo; echo "## $name: $(basename "$target") + $(basename "$draft")"
   "$py" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$target" --draft "$draft" --classes "$classes" \
-    --limit "$limit" --runs "$runs" -t "$threads" --types "$types" --specrun-modes ngram,model --base "$work/base" \
+    --limit "$limit" --runs "$runs" -t "$threads" --types "$types" --specrun-modes "$alone" --base "$work/base" \
     --same-start "$@"
 }
 for regime in ${REGIMES:-q4 f16}; do
   case $regime in
-    q4) one q4 "$q4" "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache" ;;
-    f16) one f16 "$f16" "draft-simple,draft-simple@4,draft-simple@8,draft-simple@16" ;;
+    q4) one q4 "$q4" "$q4_types" ;;
+    f16) one f16 "$f16" "$f16_types" ;;
     *) echo "error: REGIMES takes q4 and f16, not '$regime'" >&2; exit 2 ;;
   esac
   if [[ -n ${HELDOUT:-} ]]; then
     case $regime in
-      q4) one q4 "$q4" "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache" --prompts "$repo/scripts/tools/heldout_prompts.jsonl" ;;
-      f16) one f16 "$f16" "draft-simple,draft-simple@4,draft-simple@8,draft-simple@16" --prompts "$repo/scripts/tools/heldout_prompts.jsonl" ;;
+      q4) one q4 "$q4" "$q4_types" --prompts "$repo/scripts/tools/heldout_prompts.jsonl" ;;
+      f16) one f16 "$f16" "$f16_types" --prompts "$repo/scripts/tools/heldout_prompts.jsonl" ;;
     esac
   fi
 done
