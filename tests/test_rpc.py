@@ -414,7 +414,7 @@ def test_bench_through_a_worker_reports_the_network_share(tiny, worker, tmp_path
 
 
 @pytest.mark.demo
-def test_greedy_output_through_a_worker_equals_local_demo(demo, worker):
+def test_greedy_output_through_a_worker_equals_local_demo(demo, demo_store, worker):
     args = ["-m", str(demo["target"]), "-d", str(demo["draft"]), "--chat", "-p", "Write a Python function that reverses a linked list.",
             "-n", "64", "-c", "1024", "--draft", "model", "--fixed", "--draft-max", "4"]  # fmt: skip
     local = generate_json(*args)

@@ -548,7 +548,7 @@ def test_loopback_is_told_from_other_addresses():
 
 
 @pytest.mark.demo
-def test_demo_pair_through_serve_matches_plain_generate(demo, tmp_path):
+def test_demo_pair_through_serve_matches_plain_generate(demo, demo_store, tmp_path):
     prompt = "Write a Python function that reverses a linked list."
     p = subprocess.run(
         [str(SPECRUN), "generate", "-m", str(demo["target"]), "-t", "2", "-c", "2048", "--draft", "none", "--chat", "-p", prompt, "-n", "64", "--json"],

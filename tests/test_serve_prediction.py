@@ -139,7 +139,7 @@ def test_an_empty_prediction_is_none(client):
 
 
 @pytest.mark.demo
-def test_demo_pair_edits_a_file_the_same_with_its_prediction(demo, tmp_path):
+def test_demo_pair_edits_a_file_the_same_with_its_prediction(demo, demo_store, tmp_path):
     """A coding agent's edit: the file goes in the prompt and, as it is, in the prediction."""
     source = (
         "def mean(values):\n"

@@ -129,7 +129,7 @@ def test_demo_template_shows_tools_in_the_hermes_format(demo):
 
 
 @pytest.mark.demo
-def test_demo_target_calls_a_tool_through_the_openai_client(demo, tmp_path):
+def test_demo_target_calls_a_tool_through_the_openai_client(demo, demo_store, tmp_path):
     from openai import OpenAI
 
     # fixed drafting with the model (no calibration at start): every round drafts, the call's JSON included
