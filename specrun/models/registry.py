@@ -27,6 +27,7 @@ lookups do), are errors naming the file and line.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import re
@@ -122,7 +123,7 @@ def _load_file(path: Path) -> dict[str, Entry]:
     except (OSError, UnicodeDecodeError) as e:
         raise RegistryError(f"cannot read registry {path}: {e}", "check the file") from None
     try:
-        data = tomllib.loads(text)
+        data = _toml(text)
     except tomllib.TOMLDecodeError as e:
         raise RegistryError(f"{path} is not valid TOML: {e}", "fix that line") from None
     extra = set(data) - {"models"}
@@ -138,14 +139,17 @@ def _load_file(path: Path) -> dict[str, Entry]:
     entries: dict[str, Entry] = {}
     alias_owner: dict[str, str] = {}
     for name, raw in models.items():
-        where = f"{_at(path, text, name)}: [models.{name}]"
+
+        def where(name: str = name) -> str:  # found only for a message: a registry's lines are many
+            return f"{_at(path, text, name)}: [models.{name}]"
+
         if not isinstance(raw, dict):
-            raise RegistryError(f"{where} must be a table", "write it as [models.NAME] with path = ...")
+            raise RegistryError(f"{where()} must be a table", "write it as [models.NAME] with path = ...")
         unknown = set(raw) - ALLOWED_KEYS
         nested = [k for k in unknown if isinstance(raw[k], dict)]
         if nested:
             raise RegistryError(
-                f"{where} is split at a dot into sub-tables ({', '.join(sorted(nested))})",
+                f"{where()} is split at a dot into sub-tables ({', '.join(sorted(nested))})",
                 f'quote a name that contains dots: [models."{name}.{nested[0]}"]',
             )
         if unknown:
@@ -154,16 +158,16 @@ def _load_file(path: Path) -> dict[str, Entry]:
                 f"allowed keys are {', '.join(sorted(ALLOWED_KEYS))}",
             )
         if not isinstance(raw.get("path"), str) or not raw["path"]:
-            raise RegistryError(f'{where} needs a path = "..." string', "add the .gguf path")
+            raise RegistryError(f'{where()} needs a path = "..." string', "add the .gguf path")
         aliases = raw.get("aliases", [])
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-            raise RegistryError(f"{where}: aliases must be a list of strings", 'e.g. aliases = ["8b"]')
+            raise RegistryError(f"{where()}: aliases must be a list of strings", 'e.g. aliases = ["8b"]')
         for key in ("draft", "sha256", "source", "notes", "hf"):
             if key in raw and not isinstance(raw[key], str):
-                raise RegistryError(f"{where}: {key} must be a string", f'write {key} = "..."')
+                raise RegistryError(f"{where()}: {key} must be a string", f'write {key} = "..."')
         sha = raw.get("sha256")
         if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
-            raise RegistryError(f"{where}: sha256 must be 64 hex digits", "copy it from sha256sum")
+            raise RegistryError(f"{where()}: sha256 must be 64 hex digits", "copy it from sha256sum")
         for a in [name, *aliases]:  # lookups ignore case, so clashes do too
             owner = alias_owner.setdefault(a.lower(), name)
             if owner != name:
@@ -195,6 +199,13 @@ def _load_file(path: Path) -> dict[str, Entry]:
             hf=hf.removeprefix("hf:") if hf else None,
         )
     return entries
+
+
+@functools.lru_cache(maxsize=8)
+def _toml(text: str) -> dict:
+    """A registry's TOML, parsed once per text (read-only: callers copy what they change): a
+    process that runs many commands, as the tests and the fuzzer do, reads the same file each time."""
+    return tomllib.loads(text)
 
 
 def _at(path: Path, text: str, name: str, key: str | None = None) -> str:
