@@ -42,7 +42,7 @@ from specrun.errors import BackendError, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
 from specrun.llama.ffi import _ensure_init
-from specrun.llama.heads import _eagle3_fn, _head_context, _load_head
+from specrun.llama.heads import _eagle3_fn, _free_context, _head_context, _load_head
 from specrun.llama.model import LoadOptions, Model
 
 # rows of one drafter decode: an injection chunk, or a block (so the longest block). A drafter
@@ -300,12 +300,7 @@ class DFlashHead:
     # --- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._batch is not None:
-            ll.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            ll.llama_free(self._ctx)
-            self._ctx = None
+        _free_context(self)
         target = getattr(self, "target", None)
         if target is not None:
             if target._ctx:  # the target no longer hands out its layer inputs

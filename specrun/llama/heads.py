@@ -231,12 +231,7 @@ class DraftHead:
         self._lo = -1  # the state "before position 0" is zeros, as in llama.cpp
 
     def close(self) -> None:
-        if self._batch is not None:
-            ll.llama_batch_ext_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            ll.llama_free(self._ctx)
-            self._ctx = None
+        _free_context(self)
         self._attach(False)
 
 
@@ -338,6 +333,16 @@ class MtpHeads(DraftHead):
         if self.chain and self._draft_pos is not None:
             self._head(0)
         super().end_draft()
+
+
+def _free_context(head) -> None:
+    """Free a head's batch and context (each once: ``close`` may run again from ``__del__``)."""
+    if head._batch is not None:
+        ll.llama_batch_ext_free(head._batch)
+        head._batch = None
+    if head._ctx:
+        ll.llama_free(head._ctx)
+        head._ctx = None
 
 
 def _head_context(model, target: Model, log: _Log, name: str, mtp: bool, n_batch: int | None = None):
