@@ -33,17 +33,14 @@ class Arm:
     def prepare(self, tokens, room, left):
         return min(room, len(self.positions.bins))
 
-    def acceptance(self, k, rng, scale):
-        return self.positions.draws(rng, scale)[:k]
+    def acceptance(self, k, rng):
+        return self.positions.draws(rng)[:k]
 
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth, most=0, verify=(), rival=None):
+    def propose(self, tokens, k, worth, most=0, verify=()):
         return Proposal([1] * k)
-
-    def peek(self, seq, room):
-        return []
 
     def observe(self, o: Round):
         self.positions.decay()
@@ -70,7 +67,7 @@ def simulate(curve, arms: list[Arm], rounds=400, seed=0, left=10_000, cost: Cost
     rng, world = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     chosen = []
     for _ in range(rounds):
-        plan = chooser.choose({a.name: a.prepare([], 16, left) for a in arms}, left, rng)
+        plan = chooser.choose({a.name: a.prepare([], 16, left) for a in arms}, rng)
         arm = next((a for a in arms if a.name == plan.source), None)
         n = 0
         while arm is not None and n < plan.k and world.random() < arm.accept:
@@ -128,15 +125,15 @@ def test_a_known_loser_is_tried_rarely():
     assert share(chosen[200:], lambda c: c[1] > 0) < 0.02
 
 
-def test_at_a_runs_end_the_choice_is_the_mean_one():
-    """With no tokens left to use a lesson, the draw is the posterior mean: the same plan every
-    time, whatever the random stream."""
+def test_on_the_means_the_choice_is_one_plan_and_draws_explore():
+    """Without a random stream the chooser acts on the posterior means: the same plan every time.
+    With one, the draws differ, so what is uncertain gets tried."""
     arm = Arm("model", 0.7, 0.002)
     chooser = Chooser({"model": arm}, CostModel(dict(GPU_CURVE)))
-    plans = {chooser.choose({"model": 16}, 0, np.random.default_rng(s)) for s in range(20)}
+    plans = {chooser.choose({"model": 16}, None) for s in range(20)}
     assert len(plans) == 1
-    explored = {chooser.choose({"model": 16}, 10_000, np.random.default_rng(s)).k for s in range(20)}
-    assert len(explored) > 1  # (with room left, draws differ)
+    explored = {chooser.choose({"model": 16}, np.random.default_rng(s)).k for s in range(20)}
+    assert len(explored) > 1
 
 
 def test_a_poisoned_curve_heals_within_a_long_run():
@@ -156,9 +153,9 @@ def test_fixed_mode_drafts_the_cap_from_the_first_source_on_offer():
         {"ngram": Arm("ngram", 0, 0), "model": Arm("model", 0, 0)}, CostModel(dict(CPU_CURVE)), draft_min=2, draft_max=5, fixed=True
     )
     rng = np.random.default_rng(0)
-    assert chooser.choose({"ngram": 3, "model": 16}, 100, rng).source == "ngram"
-    assert chooser.choose({"ngram": 1, "model": 16}, 100, rng).k == 5  # too short a copy: the model, at the cap
-    assert chooser.choose({"ngram": 0, "model": 1}, 100, rng).k == 0
+    assert chooser.choose({"ngram": 3, "model": 16}, rng).source == "ngram"
+    assert chooser.choose({"ngram": 1, "model": 16}, rng).k == 5  # too short a copy: the model, at the cap
+    assert chooser.choose({"ngram": 0, "model": 1}, rng).k == 0
 
 
 def test_near_ties_discount_drafts():
@@ -175,22 +172,22 @@ def test_near_ties_discount_drafts():
     for _ in range(50):
         tied.observe_ties(4, 1)  # a quarter of the rows are near-ties
     assert tied.tie_rate == pytest.approx(0.25, abs=0.03)
-    k_plain = plain.choose({"model": 16}, 0, np.random.default_rng(0)).k
-    k_tied = tied.choose({"model": 16}, 0, np.random.default_rng(0)).k
+    k_plain = plain.choose({"model": 16}, None).k
+    k_tied = tied.choose({"model": 16}, None).k
     assert 0 < k_tied < k_plain
 
 
 def test_the_explanation_reads_the_numbers_the_choice_used():
     _, chooser = simulate(CPU_CURVE, [Arm("model", 0.3, 0.5 / 30)], rounds=200)
     stats = RunStats(draft_lengths=[0] * 32)
-    assert chooser.choose({"model": 16}, 10_000, np.random.default_rng(1)).k == 0
+    assert chooser.choose({"model": 16}, np.random.default_rng(1)).k == 0
     why = chooser.idle_reason(stats)
     o = chooser.options["model"]
     assert o.speedup < 1.0  # at the means, its best draft loses: which is why it was idle
     assert f"{o.speedup:.2f}x plain" in why and f"{o.a1:.0%}" in why
     # the same numbers, worked out again here from the curve and the arm's posterior
     c = chooser.cost.verify_cost
-    a = chooser.sources["model"].acceptance(o.k, None, 0.0)
+    a = chooser.sources["model"].acceptance(o.k, None)
     u = 1 - chooser.tie_rate
     tokens = u + sum(np.prod([x * u for x in a[: i + 1]]) for i in range(o.k))
     assert o.speedup == pytest.approx(tokens / (c(o.k + 1) + o.k * 0.5 / 30) * c(1), rel=1e-6)
@@ -201,9 +198,9 @@ def test_the_last_token_of_a_budget_leaves_the_explanation_as_it_was():
     stretch still gives the numbers that kept it plain, not "nothing on offer"."""
     _, chooser = simulate(CPU_CURVE, [Arm("model", 0.3, 0.5 / 30)], rounds=200)
     stats = RunStats(draft_lengths=[0] * 32)
-    assert chooser.choose({"model": 16}, 10_000, np.random.default_rng(1)).k == 0
+    assert chooser.choose({"model": 16}, np.random.default_rng(1)).k == 0
     before = chooser.idle_reason(stats)
-    assert chooser.choose({"model": 0}, 0, np.random.default_rng(1)).k == 0
+    assert chooser.choose({"model": 0}, None).k == 0
     assert chooser.idle_reason(stats) == before and "nothing on offer" not in before
 
 
@@ -213,11 +210,10 @@ def test_an_idle_stretch_below_the_replys_pace_says_so():
     step = F16_CURVE[1]
     chooser, _, _ = memory_bound_model()
     stats = RunStats(draft_lengths=[0] * 32)
-    rng = np.random.default_rng(0)
-    alone = chooser.choose({"model": 32}, 0, rng)
-    chooser.choose({"model": 32}, 0, rng, pace=0.9 * alone.rate)
+    alone = chooser.choose({"model": 32}, None)
+    chooser.choose({"model": 32}, None, pace=0.9 * alone.rate)
     assert "pace" not in chooser.idle_reason(stats)
-    assert chooser.choose({"model": 32}, 0, rng, pace=3.3 / step).k == 0
+    assert chooser.choose({"model": 32}, None, pace=3.3 / step).k == 0
     why = chooser.idle_reason(stats)
     assert "pace" in why and "3.30x plain" in why and f"{chooser.options['model'].speedup:.2f}x plain" in why
 
@@ -236,7 +232,7 @@ def test_a_rate_moves_with_what_it_observes_and_forgets_slowly():
         r.decay()
     assert 0.5 < r.mean(0.5) < high  # evidence fades towards the prior
     rng = np.random.default_rng(0)
-    draws = [r.draw(0.5, rng, 1.0) for _ in range(2000)]
+    draws = [r.draw(0.5, rng) for _ in range(2000)]
     assert np.mean(draws) == pytest.approx(r.mean(0.5), abs=0.02) and np.std(draws) > 0.05
 
 
@@ -256,37 +252,17 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3
     s.prepare(seq[:25], 8, 100)  # the sequence so far repeats: a copy of the next tokens is on offer
     assert s.offer.tokens and s.offer.match >= 2
-    before = s.acceptance(4, None, 0.0)
+    before = s.acceptance(4, None)
     written = list(s.offer.tokens[:4])
     rs = RoundStats("none", 0, 0, len(written), 0.0, 0.0, 0.0)
     for _ in range(20):  # the copy is what the target writes, drafted or not
         s.observe(Round("none", Proposal(), 0, written, False, rs))
-    after = s.acceptance(4, None, 0.0)
+    after = s.acceptance(4, None)
     assert all(a > b for a, b in zip(after, before))
     # a copy that breaks at once pulls its bin down
     for _ in range(40):
         s.observe(Round("none", Proposal(), 0, [999], False, rs))
-    assert s.acceptance(1, None, 0.0)[0] < before[0]
-
-
-def test_a_draft_under_way_is_weighed_against_the_copy_it_would_let_the_next_round_take():
-    """Asked mid-draft, with the drafts at the end of the sequence, the n-gram source states the
-    copy it would offer there exactly as it would once the drafts are verified, and the chooser
-    prices it as it prices a round: nothing where the drafts are new text; where they reproduce
-    the context, a copy that makes more than plain decoding."""
-    s = NgramSource()
-    seq = list(range(1, 41))  # 40 tokens, none repeated: nothing to copy at the end
-    s.prepare(seq, 16, 100)
-    chooser = Chooser({"ngram": s}, CostModel(dict(GPU_CURVE)), draft_max=16)
-    assert s.peek(seq + [99, 98], 16) == [] and chooser.rival(seq + [99, 98], [s]) == 0.0
-    drafts = seq[:8]  # drafts that write the start of the context again
-    asked = s.peek(seq + drafts, 16)
-    verified = NgramSource()
-    verified.copy, verified.line = s.copy, s.line
-    cap = verified.prepare(seq + drafts, 16, 100)
-    assert len(asked) == cap > 0 and asked == verified.acceptance(cap, None, 0.0)
-    assert chooser.rival(seq + drafts, [s]) > 1.0 / GPU_CURVE[1]
-    assert s.peek(seq, 16) == []  # asking changed nothing: the sequence as it was still has no copy
+    assert s.acceptance(1, None)[0] < before[0]
 
 
 def test_copy_rates_learn_from_every_token_written_however_it_was_drafted():
@@ -309,9 +285,8 @@ def test_copy_rates_learn_from_every_token_written_however_it_was_drafted():
 
 def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
     """Every round scores the copy on offer, drafted or not, so drafting one on a hopeful draw
-    would buy a long verify for a lesson already free: however unsure the copy rates, and
-    however much of the run is left, the chooser is offered the same rates whatever the
-    random stream, the ones it would act on with no run left to learn in."""
+    would buy a long verify for a lesson already free: however unsure the copy rates, the
+    chooser is offered the same rates whatever the random stream: their means."""
     s = NgramSource()
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3
     s.prepare(seq[:25], 16, 100)
@@ -319,10 +294,10 @@ def test_a_copy_is_scored_on_what_copies_did_never_on_hope():
     for hit in [True, False] * 3:  # a few copies, half of them broken at once: rates unsure
         s.observe(Round("none", Proposal(), 0, list(s.offer.tokens[:3]) if hit else [999], False, rs))
     cap = len(s.offer)
-    at_end = s.acceptance(cap, None, 0.0)
+    at_end = s.acceptance(cap, None)
     assert 0.2 < at_end[0] < 0.8
     for seed in range(30):
-        assert s.acceptance(cap, np.random.default_rng(seed), 1.0) == at_end
+        assert s.acceptance(cap, np.random.default_rng(seed)) == at_end
 
 
 def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
@@ -337,10 +312,10 @@ def test_a_copy_that_keeps_breaking_at_line_starts_is_cut_at_the_line_end():
     rs = RoundStats("none", 0, 0, 0, 0.0, 0.0, 0.0)
     for _ in range(30):  # the target ends the line, then writes an inserted one, not the source's next
         s.observe(Round("none", Proposal(), 0, [3, newline, 99], False, rs))
-    a = s.acceptance(4, None, 0.0)
+    a = s.acceptance(4, None)
     assert min(a[:2]) > 0.8  # inside the line, and its line break itself
     assert a[2] < 0.3  # the first token of the next line
-    assert NgramSource().acceptance(0, None, 0.0) == []  # (without line breaks known, no line rate)
+    assert NgramSource().acceptance(0, None) == []  # (without line breaks known, no line rate)
 
 
 def test_a_copy_is_not_offered_past_the_end_of_its_sources_turn():
@@ -382,7 +357,7 @@ def test_copy_rates_stored_from_edits_give_way_to_a_prose_replys_misses():
     chooser = Chooser({"ngram": reply}, CostModel(dict(CPU_CURVE)))
 
     def plan() -> int:
-        return chooser.choose({"ngram": reply.prepare(prose, 16, 0)}, 0, np.random.default_rng(0)).k
+        return chooser.choose({"ngram": reply.prepare(prose, 16, 0)}, None).k
 
     assert plan() > 0  # what the edits taught carries over
     rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
@@ -411,7 +386,7 @@ def test_the_next_reply_in_a_session_gives_its_copies_the_weight_of_a_stored_run
         chooser = Chooser({"ngram": s}, CostModel(dict(CPU_CURVE)))
 
         def plan() -> int:
-            return chooser.choose({"ngram": s.prepare(prose, 16, 0)}, 0, np.random.default_rng(0)).k
+            return chooser.choose({"ngram": s.prepare(prose, 16, 0)}, None).k
 
         assert plan() > 0  # what the edits taught carries over
         for _ in range(4):  # the copy on offer breaks at once, round after round
@@ -476,7 +451,7 @@ def test_one_copy_moves_every_length_bin_towards_the_kind_it_fits():
         long = s._rates([0] * 8, 32, 0)[0]  # a copy that has matched 32 tokens: none has yet
         after = seq + written + CONTEXT[:30]  # then a long copy on offer
         chooser = Chooser({"ngram": s}, CostModel(dict(CPU_CURVE)), draft_max=16)
-        k = chooser.choose({"ngram": s.prepare(after, 16, 100)}, 0, np.random.default_rng(0)).k
+        k = chooser.choose({"ngram": s.prepare(after, 16, 100)}, None).k
         return long, k
 
     (prior, k0), (went_on, k1), (broke, k2) = after([]), after([3, 4, 5, 6, 999]), after([999])
@@ -540,7 +515,7 @@ def long_choices(stored: dict[int, float], processes: int = 200) -> float:
             cost.observe_verify(b, np.interp(b, list(F16_CURVE), list(F16_CURVE.values())))
         arm = Arm("ngram", 0.97, 0.0, draft_max=63)
         arm.positions.bins = [Rate(970.0, 1000.0) for _ in arm.positions.bins]
-        plan = Chooser({"ngram": arm}, cost, draft_max=63).choose({"ngram": 63}, 10_000, np.random.default_rng(seed))
+        plan = Chooser({"ngram": arm}, cost, draft_max=63).choose({"ngram": 63}, np.random.default_rng(seed))
         long += plan.k > 32
     return long / processes
 
@@ -572,7 +547,7 @@ def shorter_choices(jitter: float, processes: int = 60) -> float:
                 cost.observe_verify(b, Q4_CURVE[b] * float(np.exp(jitter * timing.standard_normal())))
         arm = Arm("ngram", 0.999, 0.0, draft_max=32)
         arm.positions.bins = [Rate(999.0, 1000.0) for _ in arm.positions.bins]
-        plan = Chooser({"ngram": arm}, cost).choose({"ngram": 32}, 10_000, np.random.default_rng(seed))
+        plan = Chooser({"ngram": arm}, cost).choose({"ngram": 32}, np.random.default_rng(seed))
         shorter += plan.k < 31
     return shorter / processes
 
@@ -603,7 +578,7 @@ def test_the_replys_pace_is_what_its_rounds_were_expected_to_make_not_what_they_
         chooser.begin_reply()
         ks = []
         for _ in range(40):
-            plan = chooser.choose({"model": 16}, 1000, rng, tokens / seconds if made and seconds else None)
+            plan = chooser.choose({"model": 16}, rng, tokens / seconds if made and seconds else None)
             t = cost.verify_cost(plan.k + 1) + arm.cost(plan.k)
             chooser.observe_round(plan, t)
             rs = RoundStats(plan.source, plan.k, plan.k, plan.k + 1, arm.cost(plan.k), 0.0, 0.0)
@@ -623,11 +598,10 @@ def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace()
     soonest; a reply running slower than the draft's rate changes nothing."""
     step = F16_CURVE[1]
     chooser, cost, arm = memory_bound_model()
-    rng = np.random.default_rng(0)
-    alone = chooser.choose({"model": 32}, 0, rng)
+    alone = chooser.choose({"model": 32}, None)
     assert alone.source == "model" and alone.k >= 6
-    assert chooser.choose({"model": 32}, 0, rng, pace=0.9 * alone.rate) == alone
-    fast = chooser.choose({"model": 32}, 0, rng, pace=3.3 / step)
+    assert chooser.choose({"model": 32}, None, pace=0.9 * alone.rate) == alone
+    fast = chooser.choose({"model": 32}, None, pace=3.3 / step)
     assert fast.k < alone.k / 2
 
     def gained(plan, pace):  # tokens beyond what the round's time makes at that pace
@@ -635,29 +609,3 @@ def test_a_round_below_the_replys_pace_drafts_what_gains_most_beyond_that_pace()
         return 1 + acc.sum() - pace * (cost.verify_cost(plan.k + 1) + arm.cost(plan.k) if plan.k else cost.verify_cost(1))
 
     assert gained(fast, 3.3 / step) > gained(alone, 3.3 / step)
-
-
-def test_the_last_tokens_of_a_budget_are_priced_at_what_a_round_of_them_can_make():
-    """Mid-reply, a round below the reply's pace takes what gains most beyond it: with a sure copy
-    of 12 tokens running slower than the reply has (its pace 1.2x the copy's rate), a plain step,
-    which gets back to a longer copy sooner. The last 13 tokens of a budget cannot run at that
-    pace, though: no round of 13 tokens or fewer makes as much a second. Priced at what one could,
-    the budget ends in one copy, not in plain steps that each leave a shorter, slower copy behind
-    (13 plain steps ended a 400-token pure copy, measured)."""
-    copy = Arm("ngram", 1.0, 0.0)
-    copy.positions.bins = [Rate(999.0, 1000.0) for _ in copy.positions.bins]
-    cost = CostModel(dict(CPU_CURVE))
-    chooser, rng = Chooser({"ngram": copy}, cost), np.random.default_rng(0)
-    pace = 1.2 * chooser.choose({"ngram": 12}, 0, rng).rate
-    assert chooser.choose({"ngram": 12}, 0, rng, pace, budget=100).k == 0  # mid-reply, the pace rules
-
-    def finish(budget_known: bool) -> tuple[float, int]:  # the time the budget's last 13 tokens take, in rounds
-        left, spent, rounds = 13, 0.0, 0
-        while left:
-            plan = chooser.choose({"ngram": left - 1}, 0, rng, pace, left if budget_known else None)
-            spent, rounds, left = spent + cost.verify_cost(plan.k + 1), rounds + 1, left - plan.k - 1
-        return spent, rounds
-
-    (known, rounds), (unknown, plain_steps) = finish(True), finish(False)
-    assert rounds == 1 and plain_steps == 13
-    assert known < 0.6 * unknown

@@ -163,11 +163,11 @@ def test_a_cost_draw_stays_between_a_smaller_verified_batch_and_b_single_steps()
         cost.observe_verify(4, CPU[4])
     assert cost.verify_cost(48) == pytest.approx(48.0)  # never dearer than 48 single steps
     rng = np.random.default_rng(0)
-    draws = np.array([cost.drawn(rng, 1.0, 48) for _ in range(500)])
+    draws = np.array([cost.drawn(rng, 48) for _ in range(500)])
     assert draws[:, 47].min() >= CPU[4] and draws[:, 47].max() <= 48.0
     assert np.mean(draws[:, 47] < 24) > 0.1  # longer than anything measured: now and then as cheap as it may be
-    assert cost.drawn(rng, 0.0, 48)[47] == cost.verify_cost(48)  # no room left to learn: the estimate
-    sure = [cost.drawn(rng, 1.0, 48)[3] for _ in range(200)]  # verified in this process: nearly certain
+    assert cost.drawn(None, 48)[47] == cost.verify_cost(48)  # without a random stream: the estimate
+    sure = [cost.drawn(rng, 48)[3] for _ in range(200)]  # verified in this process: nearly certain
     assert np.std(sure) < 0.3 * np.std(draws[:, 47])
 
 
@@ -182,7 +182,7 @@ def test_how_surely_a_size_is_drawn_follows_what_measured_it():
         cost.observe_verify(1, CPU[1])
         cost.observe_verify(12, CPU[12])
     rng = np.random.default_rng(0)
-    draws = np.array([cost.drawn(rng, 1.0, 48) for _ in range(400)])
+    draws = np.array([cost.drawn(rng, 48) for _ in range(400)])
     log_sd = np.log(draws).std(axis=0)
     assert log_sd[7] < 2 * log_sd[11]  # c(8), between 1 and 12, about as sure as c(12) itself
     assert log_sd[11] < log_sd[19] < 0.5 * log_sd[47]  # c(20), stored, less sure; c(48), never measured, far less

@@ -371,7 +371,7 @@ def test_greedy_with_a_d2t_head_equals_plain(d2t_targets, plain, head, prompt, m
     propose = Eagle3Source.propose
 
     def spy(self, tokens, k, worth, most=0, verify=(), rival=None):
-        p = propose(self, tokens, k, worth, most, verify, rival)
+        p = propose(self, tokens, k, worth, most, verify)
         drafted.extend(p.tokens)
         return p
 

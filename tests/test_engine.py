@@ -303,21 +303,6 @@ def test_the_stop_rule_drafts_as_far_as_the_drafts_confidence_has_foretold(loade
     assert len(broken.propose(prompt, 2, worth, 16).tokens) <= 1
 
 
-def test_a_draft_stops_where_another_source_would_make_more_of_the_next_tokens(loaded):
-    """Each further draft is weighed against the round's planned rate, or against what the other
-    sources could make of a round from there (``rival``: a copy of the context, free to draft)
-    where that is more: a draft that would run on stops where a much faster rival appears, and
-    runs on past a slower one."""
-    src, prompt = taught(loaded, lambda n: n)
-    worth = 1.5 / FLAT[1]
-
-    def after(n: int, rate: float):  # a rival that appears once n tokens are drafted
-        return lambda seq: rate if len(seq) >= len(prompt) + n else 0.0
-
-    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 2.0 / FLAT[1])).tokens) >= 8
-    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 50.0 / FLAT[1])).tokens) == 3
-
-
 def test_the_stop_rule_prices_its_verify_on_the_curve_the_round_was_planned_on(loaded):
     """The chooser plans a round on a draw of the verify curve too: where the stored curve says
     long batches are dear (a poisoned calibration, or sizes never verified) and the draw hoped
@@ -497,33 +482,3 @@ def test_a_new_prompt_is_prefilled_into_the_draft_cache_whatever_the_last_run_le
     nxt = target.tokenize(PROMPTS[2], add_special=True)
     e.prefill(nxt)
     assert draft.tokens == nxt[:-1]
-
-
-def test_a_reply_tries_what_its_means_price_out_only_once_it_has_run_long_enough_to_use_the_lesson(loaded):
-    """Nothing says where a reply will end, so one that has run n tokens is taken to have about
-    n left to use a lesson on. A try the means price out is a lesson bought at a loss: a reply's
-    first tokens act on the means (short replies, one after another, never try it), and the
-    draws count in full once the reply has run long enough (a long reply tries it)."""
-    target = loaded["target"]
-    curve = {b: 0.001 * (1 + 0.7 * (b - 1)) for b in FLAT}  # pays only at high acceptance
-    learned = Learned(CostModel(curve), {"model": {"per_token": 1e-6}})  # a free draft ...
-
-    def engine() -> Engine:
-        e = Engine(target, loaded["draft-copy"], Settings("model"), Sampler(0.0), learned=learned)
-        e.sources["model"].measure_token_cost = lambda token: 1e-6  # ... also when timed at the first prompt
-        return e
-
-    short = engine()
-    toks = target.tokenize(PROMPTS[1], add_special=True)
-    tried = 0
-    for _ in range(20):  # replies that end after about 6 tokens of a 500-token budget
-        for step in short.generate(toks, 500):
-            tried += step.round.drafted
-            if step.stats.n_generated >= 6:
-                break
-    assert tried == 0
-    long = engine()
-    stats = None
-    for step in long.generate(target.tokenize(PROMPTS[0], add_special=True), 200):  # a reply that runs its 200
-        stats = step.stats
-    assert stats is not None and stats.n_drafted > 0

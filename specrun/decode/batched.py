@@ -84,8 +84,8 @@ class BatchCost:
     def optimistic(self, n: int) -> np.ndarray:
         return self._marginal(self.shared.optimistic, n)
 
-    def drawn(self, rng, scale: float, n: int) -> np.ndarray:
-        return self._marginal(lambda m: self.shared.drawn(rng, scale, m), n)
+    def drawn(self, rng, n: int) -> np.ndarray:
+        return self._marginal(lambda m: self.shared.drawn(rng, m), n)
 
     def observe_verify(self, b: int, seconds: float) -> None:
         """A verify of ``b`` rows took ``seconds``: the time of the whole batch it rode in."""

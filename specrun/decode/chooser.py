@@ -18,24 +18,16 @@ the reply has been doing. A second of such a round is worth what a second of thi
 has been expected to make (its pace: each round's expected rate at the posterior means, averaged
 over their time, so that like is weighed with like, and a draft that ran further than its
 numbers said does not set a pace that rules its own source out), so when the pace beats
-every option's rate, the round takes the most
-tokens *beyond* that, ``E[tokens | K] - pace T(K)`` (average reward): a short draft, or a plain
-step, that gets back to the copy soon, rather than a long one that pays less a second than the
-copy will. Where the pace is below the best rate, both goals pick the same K. What is left of a
-budget cannot run faster than one round of it could (max b / c(b), b up to what is left), so near
-the end the pace is no more than that: a budget's last tokens of a sure copy are one copy, not
-plain steps that each leave a shorter, slower copy behind.
+every option's rate, the round takes the most tokens *beyond* that,
+``E[tokens | K] - pace T(K)`` (average reward): a short draft, or a plain step, that gets back to
+the copy soon, rather than a long one that pays less a second than the copy will. Where the pace
+is below the best rate, both goals pick the same K.
 
 Everything it does not know yet (an idle source, a batch size never verified in this process)
 is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
 uncertain but could pay gets tried, what is known to lose does not, and trying and exploiting
-are the same rule. A lesson is only worth its risk if the run can use it, so each draw is pulled
-towards the posterior mean by how little of the reply is left (``left / INFO_HORIZON``). Nothing
-says where a reply ends, so what is left is taken as no more than what it has run so far (as
-likely to end before twice its length as after), and never more than its budget: the first
-tokens of a reply and the last of its budget act on the means alone, and a short reply buys no
-lesson it has no time to use. A lesson that comes free needs no draw: the n-gram
-source's copy rates learn from every round, drafted or not, so it states their means.
+are the same rule. A lesson that comes free needs no draw: the n-gram source's copy rates learn
+from every round, drafted or not, so it states their means.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
@@ -58,10 +50,6 @@ if TYPE_CHECKING:
     from specrun.decode.costs import CostModel
     from specrun.decode.sources import Source
     from specrun.decode.stats import RunStats
-
-INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are left to use what
-# it teaches; fewer, and it is pulled towards the mean (trades: learning early in a reply, against
-# paying for lessons a short reply has no time to use)
 
 
 @dataclass(frozen=True)
@@ -143,13 +131,10 @@ class Chooser:
         """What this reply's rounds were expected to make a second (0 before its first)."""
         return self.stated / self.spent if self.spent > 0 else 0.0
 
-    def choose(
-        self, caps: dict[str, int], left: int, rng: np.random.Generator, pace: float | None = None, budget: int | None = None
-    ) -> Plan:
-        """The next round: ``caps`` are what each source can offer this round, ``left`` how many
-        tokens the reply is expected to have left to use what this round teaches, ``pace`` the
-        tokens a second a round is worth (default: the reply's pace), ``budget`` the most it may
-        still make."""
+    def choose(self, caps: dict[str, int], rng: np.random.Generator | None, pace: float | None = None) -> Plan:
+        """The next round: ``caps`` are what each source can offer this round, ``rng`` draws the
+        posteriors (None: act on their means), ``pace`` the tokens a second a round is worth
+        (default: the reply's pace)."""
         pace = self.reply_pace if pace is None else pace
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if not caps:  # no source can offer a token (a budget's or the context's last one): a plain
@@ -157,18 +142,15 @@ class Chooser:
         if self.fixed:
             s = next(iter(caps))
             return Plan(s, caps[s])
-        if budget is not None:  # the rest of a budget makes no more a second than one round of it could
-            pace = min(pace, self.best_round_rate(budget))
-        scale = min(1.0, left / INFO_HORIZON)
         n = max(caps.values(), default=0) + 1
-        c, mean_c, r = self.cost.drawn(rng, scale, n), self.cost.table(n), self.cost.rollback_s
+        c, mean_c, r = self.cost.drawn(rng, n), self.cost.table(n), self.cost.rollback_s
         plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
         offers = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            drawn, means = np.array(src.acceptance(cap, rng, scale)), np.array(src.acceptance(cap, None, 0.0))
+            drawn, means = np.array(src.acceptance(cap, rng)), np.array(src.acceptance(cap, None))
             offers[name] = (drawn, draft, means)
             k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:
@@ -190,22 +172,6 @@ class Chooser:
             total, time = self._tokens_and_time(means[: plan.k], draft[: plan.k], mean_c, r)
             expected = float(total[-1] / time[-1])
         return dataclasses.replace(plan, expected=expected)
-
-    def rival(self, seq: list[int], sources: list[Source]) -> float:
-        """The most tokens a second any of ``sources`` could make, at the means, of a round after
-        ``seq`` (which may end in drafts not yet verified); 0 where none can say."""
-        most = 0.0
-        for src in sources:
-            acc = np.array(src.peek(seq, self.draft_max))
-            if len(acc):
-                most = max(most, self.best(acc, _draft_costs(src, len(acc)), self.cost.table(len(acc) + 1), self.cost.rollback_s, True)[1])
-        return most
-
-    def best_round_rate(self, n: int) -> float:
-        """The most tokens a second a round of at most ``n`` tokens could make, every draft
-        accepted: max b / c(b) over b <= n (and the draft cap)."""
-        c = self.cost.table(max(1, min(n, self.draft_max + 1)))
-        return float(np.max(np.arange(1, len(c) + 1) / c))
 
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,

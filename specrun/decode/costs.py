@@ -16,7 +16,7 @@ every round refines it:
   estimates, so one slow round moves no size but its own in later runs;
 * a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
   smaller batch verified in this process;
-* ``drawn(rng, scale)`` is one draw of the whole curve from its posterior, on a log scale, all
+* ``drawn(rng)`` is one draw of the whole curve from its posterior, on a log scale, all
   sizes moved by one common factor, each by its own spread: a size the reference measured is as
   sure as one round of it (how far the machine drifted since is read off the sizes verified in
   this process, and the shape of a curve measured on this machine holds), and each round
@@ -222,14 +222,13 @@ class CostModel:
         if n > 1:
             self.noise = (self.noise[0] + d * (x - mean), self.noise[1] + 1.0)
 
-    def drawn(self, rng, scale: float, n: int) -> np.ndarray:
-        """One draw of c(1..n) from its posterior, pulled towards the estimate by ``scale``
-        (0: the estimate itself). Every size moves with one common factor, each by its own
+    def drawn(self, rng, n: int) -> np.ndarray:
+        """One draw of c(1..n) from its posterior (without ``rng``: the estimate itself). Every size moves with one common factor, each by its own
         spread, between what a smaller verified batch costs and ``b`` single steps."""
         est = self.table(n)
-        if scale <= 0:
+        if rng is None:
             return est
-        z = scale * float(rng.standard_normal())
+        z = float(rng.standard_normal())
         v = np.clip(est * np.exp(z * self.spread(n)), self.optimistic(n), np.arange(1, n + 1) * est[0])
         v[0] = est[0]
         return v

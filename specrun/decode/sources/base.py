@@ -41,14 +41,11 @@ class Rate:
     def mean(self, prior: float) -> float:
         return (self.hits + PRIOR_WEIGHT * prior) / (self.n + PRIOR_WEIGHT)
 
-    def draw(self, prior: float, rng: np.random.Generator, scale: float) -> float:
-        """A draw from the posterior, pulled towards its mean by ``scale`` (0: the mean)."""
-        m = self.mean(prior)
-        if scale <= 0:
-            return m
+    def draw(self, prior: float, rng: np.random.Generator) -> float:
+        """A draw from the posterior."""
         a = self.hits + PRIOR_WEIGHT * prior
         b = self.n - self.hits + PRIOR_WEIGHT * (1.0 - prior)
-        return m + scale * (float(rng.beta(max(a, 1e-3), max(b, 1e-3))) - m)
+        return float(rng.beta(max(a, 1e-3), max(b, 1e-3)))
 
     def add(self, hit: bool) -> None:
         self.hits += float(hit)
@@ -80,15 +77,15 @@ class RateTable:
             out.append(prior)
         return out
 
-    def draws(self, rng: np.random.Generator | None, scale: float) -> list[float]:
+    def draws(self, rng: np.random.Generator | None) -> list[float]:
         """One draw of every bin (the means, without ``rng``). A bin leans on the *draw* of the
         one before it, so a hopeful draw where data ends carries on past it: a source that may
         be good gets tried at length, not one token at a time."""
-        if rng is None or scale <= 0:
+        if rng is None:
             return self.means()
         out, prior = [], self.first_prior
         for r in self.bins:
-            prior = min(1.0, max(0.0, r.draw(prior, rng, scale)))
+            prior = min(1.0, max(0.0, r.draw(prior, rng)))
             out.append(prior)
         return out
 
@@ -128,27 +125,18 @@ class Source(Protocol):
         ``room``; ``left``: the tokens the reply is expected to have left, over which a one-off cost
         is spread)."""
 
-    def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
-        """a_1..a_k: the chance each position is accepted given the ones before were (means, or
-        a draw pulled towards them by ``scale``)."""
+    def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
+        """a_1..a_k: the chance each position is accepted given the ones before were (a draw
+        from their posteriors; without ``rng``, their means)."""
 
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(
-        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
-        rival: Callable[[list[int]], float] | None = None,
-    ) -> Proposal:  # fmt: skip
+    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
         """Up to k drafts. A source that sees its confidence decides how far as it drafts, up to
-        ``most`` (what it offered), weighing each further token against ``worth`` tokens a second,
-        or against ``rival(sequence)``, the most the other sources could make a second of a round
-        from there, where that is more (``verify``: the verify curve c(1..) the round was planned
-        on, a draw; none given, its means)."""
-
-    def peek(self, seq: list[int], room: int) -> list[float]:
-        """a_1.. of the draft it would offer after ``seq`` (at most ``room`` tokens), found
-        without preparing: ``seq`` may end in another source's drafts. [] where it cannot say (a
-        source that drafts from a cache of its own)."""
+        ``most`` (what it offered), weighing each further token against ``worth`` tokens a second
+        (``verify``: the verify curve c(1..) the round was planned on, a draw; none given, its
+        means)."""
 
     def observe(self, outcome: Round) -> None:
         """Learn from the round just done."""

@@ -14,9 +14,7 @@ further draft expected to be accepted as often as, in this source's rounds so fa
 following one as confident as the last was (measured: a confident token in a copied file is
 followed by more of them, one in prose often is not). So the chooser decides which source
 drafts, and how far is decided here, up to what the source offered this round: the draft's
-confidence is what this text says now, where the position posteriors pool every text seen. It
-also stops where the other sources could make more of the next tokens than drafting on would
-(``rival``: where the drafts reproduce the context, the n-gram lookup drafts the rest for free).
+confidence is what this text says now, where the position posteriors pool every text seen.
 On a memory-bound target (flat verify, cheap draft) that drafts long runs of confident tokens;
 on a compute-bound one it stops early. A draft also stops at a token that ends the target's
 turn: the target stops there, so nothing past it could be kept.
@@ -104,8 +102,8 @@ class Autoregressive:
 
     # --- the chooser's view ----------------------------------------------------------
 
-    def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
-        return self.positions.draws(rng, scale)[:k]
+    def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
+        return self.positions.draws(rng)[:k]
 
     def token_cost(self) -> float:
         return self.per_token if self.per_token is not None else 0.5 * self.verify.verify_cost(1)
@@ -137,13 +135,7 @@ class Autoregressive:
 
     # --- drafting --------------------------------------------------------------------
 
-    def peek(self, seq: list[int], room: int) -> list[float]:
-        return []  # it drafts from its own cache, which holds no other source's drafts
-
-    def propose(
-        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
-        rival: Callable[[list[int]], float] | None = None,
-    ) -> Proposal:  # fmt: skip
+    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
         if k <= 0:
             return Proposal()
         t0 = time.perf_counter()
@@ -187,9 +179,6 @@ class Autoregressive:
                     nxt = self.next_rate(conf)
                     if not _more_pays(reach, gained, i + 1, most, kept_value, worth, nxt, c, d):
                         break
-                    other = rival(tokens + out.tokens) if rival is not None else 0.0
-                    if other > worth and not _more_pays(reach, gained, i + 1, most, gained - other * (c[i + 1] - c[0]), other, nxt, c, d):
-                        break  # another source (a copy of the context) would make more of the next tokens
                 logits = self._step(x)
         finally:
             self._end()
@@ -350,11 +339,8 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(
-        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
-        rival: Callable[[list[int]], float] | None = None,
-    ) -> Proposal:  # fmt: skip
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, most, verify, rival)
+    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, most, verify)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the

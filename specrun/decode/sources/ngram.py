@@ -127,7 +127,7 @@ class NgramSource:
         """How much of a copy could be kept: up to a token that ends the target's turn."""
         return next((i + 1 for i, t in enumerate(copy) if self.ends_turn(t)), len(copy))
 
-    def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
+    def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
         """The means, never a draw: every round scores the copy on offer, drafted or not, so
         drafting a copy teaches nothing that watching it does not, and a hopeful draw would
         only buy a long verify for a lesson already free."""
@@ -143,13 +143,6 @@ class NgramSource:
             out.append(sum(w * _goes_on(rates, line, b, starts_line) for w, rates, line in kinds))
         return out
 
-    def peek(self, seq: list[int], room: int) -> list[float]:
-        """a_1.. of the copy it would offer after ``seq`` (at most ``room``), found without
-        preparing: ``seq`` may end in another source's drafts."""
-        src, match = self.drafter.lookup(seq)
-        copy = self.drafter.span(seq, src, room) if match else []
-        return self._rates(copy[: self._to_turn_end(copy)], match, seq[-1])
-
     def rates(self) -> list[list[float]]:
         """Each kind's mean rate by copy-length bin, with this reply's copies (for `specrun costs`)."""
         return [rates for _, rates, _ in self._posterior()]
@@ -157,10 +150,7 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(
-        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
-        rival: Callable[[list[int]], float] | None = None,
-    ) -> Proposal:  # fmt: skip
+    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
         return self.offer.cut(k)
 
     def observe(self, outcome: Round) -> None:

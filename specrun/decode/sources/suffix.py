@@ -156,7 +156,7 @@ class SuffixSource:
         self.offer, self.counts = self.offer[:end], self.counts[:end]
         return len(self.offer)
 
-    def acceptance(self, k: int, rng: np.random.Generator | None, scale: float) -> list[float]:
+    def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
         """The means, never a draw: every round scores the offer, drafted or not (as the n-gram
         source's copies)."""
         prior = self.rate.mean(0.5)
@@ -165,15 +165,9 @@ class SuffixSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(
-        self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = (),
-        rival: Callable[[list[int]], float] | None = None,
-    ) -> Proposal:  # fmt: skip
+    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
         run = self.offer[:k]
         return Proposal(run, [Dist.one_hot(t) for t in run])
-
-    def peek(self, seq: list[int], room: int) -> list[float]:
-        return []  # a lookup per drafted token of another source would cost more than it tells
 
     def observe(self, outcome: Round) -> None:
         """Score the offer (used or not) against what was written, up to its first miss."""
