@@ -6,6 +6,7 @@
 #   REGIMES=q4 scripts/ab.sh BASE        # only the compute-bound demo pair (q4), or only f16
 #   HELDOUT=1 scripts/ab.sh BASE         # also the held-out prompts (scripts/tools/heldout_prompts.jsonl)
 #   ALONE= Q4_TYPES= F16_TYPES= scripts/ab.sh BASE   # only the two defaults and plain (a quick check)
+#   VARIANTS="noline=REF nopace=REF" scripts/ab.sh BASE  # also each REF's default, over this checkout's
 #
 # For each regime (the Q4_K_M demo target: compute-bound on a CPU; its F16 requantization:
 # memory-bound, as a GPU target is) it runs scripts/tools/compare_ngram.py with this checkout's
@@ -18,7 +19,7 @@
 # Run it on a quiet machine: nothing else may run meanwhile.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
   "") usage >&2; exit 2 ;;
@@ -46,9 +47,19 @@ q4_types=${Q4_TYPES-ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache
 f16_types=${F16_TYPES-draft-simple,draft-simple@4,draft-simple@8,draft-simple@16}
 
 work=$(mktemp -d)
-cleanup() { git -C "$repo" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"; }
+cleanup() {
+  for w in "$work"/base "$work"/v-*; do git -C "$repo" worktree remove --force "$w" >/dev/null 2>&1 || true; done
+  rm -rf "$work"
+}
 trap cleanup EXIT
 git -C "$repo" worktree add --detach --quiet "$work/base" "$base_id"
+variant_args=()
+for v in ${VARIANTS:-}; do  # NAME=REF: a worktree of REF, run as specrun@NAME
+  name=${v%%=*} ref=${v#*=}
+  id=$(git -C "$repo" rev-parse --verify --quiet "$ref^{commit}") || { echo "error: '$ref' (VARIANTS) is not a commit here" >&2; exit 2; }
+  git -C "$repo" worktree add --detach --quiet "$work/v-$name" "$id"
+  variant_args+=(--variant "$name=$work/v-$name")
+done
 echo "A/B: $(git -C "$repo" rev-parse --short HEAD) (this checkout$(git -C "$repo" diff --quiet || echo ', with uncommitted changes')) against base $(git -C "$repo" rev-parse --short "$base_id")"
 echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, llama-cpp-python $version, $runs run(s), $limit prompt(s) a class, -t $threads"
 
@@ -59,7 +70,7 @@ one() {  # $1 = regime name, $2 = target, $3 = llama.cpp types; then extra argum
   echo; echo "## $name: $(basename "$target") + $(basename "$draft")"
   "$py" "$repo/scripts/tools/compare_ngram.py" --bin "$bin" --target "$target" --draft "$draft" --classes "$classes" \
     --limit "$limit" --runs "$runs" -t "$threads" --types "$types" --specrun-modes "$alone" --base "$work/base" \
-    --same-start "$@"
+    --same-start "${variant_args[@]}" "$@"
 }
 for regime in ${REGIMES:-q4 f16}; do
   case $regime in

@@ -248,7 +248,7 @@ def test_healing_through_the_engine_on_the_tiny_models(tiny, tmp_path):
         assert poisoned.verify_cost(16) == pytest.approx(min(8 * truth[16], 16 * truth[1]))  # (never dearer than 16 steps)
         engine, stats = run(poisoned)
         # (how far it drafts depends on sub-millisecond timings of the tiny models, too noisy to
-        # assert on; test_control's test_a_poisoned_curve_heals_within_a_long_run checks that, timing-free)
+        # assert on; test_chooser's test_a_poisoned_curve_heals_within_a_long_run checks that, timing-free)
         assert stats.n_generated > 0
         store.save("pair", engine.learned())
         healed = store.load("pair").cost.verify

@@ -99,7 +99,7 @@ def test_the_prediction_starts_from_what_an_earlier_run_stored(loaded, plain):
     assert any(stored.sources["prediction"]["kinds"][0]["n"])
     again = Engine(target, None, Settings("ngram"), Sampler(0.0), CostModel(dict(FLAT)), learned=stored)
     list(again.generate(prompt, 4, prediction=plain))
-    assert again.sources["prediction"].taught()[0]
+    assert again.sources["prediction"].learned_kinds()[0]
 
 
 def test_draft_none_uses_no_prediction(loaded, plain):

@@ -13,6 +13,8 @@ adds ``specrun generate --draft model`` (as ``specrun:model``), and ``MODE@N`` a
 checkout of specrun (``git worktree add DIR COMMIT``) with a copy of the stored costs as they were
 at the start, so a change is measured against the code before it, alternated, in the same run
 (``--base-modes model`` adds ``specrun:base:model``, its ``--draft model``, and so on).
+``--variant NAME=DIR`` (repeatable) adds ``specrun@NAME``, another checkout's default, each
+printed over this checkout's: several one-rule changes judged in one alternated session.
 Each checkout learns into its own store from run to run, so over a few runs the two can drift
 apart on what they learned alone; ``--same-start`` starts every specrun run from the store as it
 was at the start instead (as one process of a user's would, every time).
@@ -104,6 +106,14 @@ def main() -> int:
         help="more specrun --draft modes to run beside the default, e.g. model; MODE@N adds --draft-max N (hybrid@63)",
     )
     ap.add_argument("--base", type=Path, help="another checkout of specrun, run at its default as specrun:base")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another checkout run at its default as specrun@NAME (repeatable): several changes, each against this "
+        "checkout, alternated in one session",
+    )
     ap.add_argument("--base-modes", default="", help="more --draft modes to run from --base, as specrun:base:MODE (as --specrun-modes)")
     ap.add_argument(
         "--same-start",
@@ -125,6 +135,8 @@ def main() -> int:
         prompts = [p for c in classes for p in [q for q in prompts if q.cls == c][: args.limit]]
     modes = ["plain", "specrun"] + [f"specrun:{m}" for m in args.specrun_modes.split(",") if m] + [t for t in args.types.split(",") if t]
     modes += ["specrun:base"] + [f"specrun:base:{m}" for m in args.base_modes.split(",") if m] if args.base else []
+    variants = dict(v.split("=", 1) for v in args.variant)
+    modes += [f"specrun@{name}" for name in variants]
     samples: list[dict] = []
     if args.from_log:
         for log in args.from_log:
@@ -157,15 +169,16 @@ def main() -> int:
             """A specrun run's environment: None (the user's own store) but for the base checkout,
             which runs first on the path with its own copy of the store, and with --same-start,
             where every run gets a fresh copy of the snapshot."""
-            if not mode.startswith("specrun:base") and not args.same_start:
+            checkout = str(args.base.resolve()) if mode.startswith("specrun:base") else variants.get(mode.partition("@")[2])
+            if checkout is None and not args.same_start:
                 return None
             home = Path(tmp) / mode.replace(":", "-")
             if args.same_start or not home.exists():
                 shutil.rmtree(home, ignore_errors=True)
                 shutil.copytree(snapshot, home)
             e = {**os.environ, "SPECRUN_CACHE_DIR": str(home)}
-            if mode.startswith("specrun:base"):
-                e["PYTHONPATH"] = os.pathsep.join(x for x in (str(args.base.resolve()), os.environ.get("PYTHONPATH")) if x)
+            if checkout is not None:
+                e["PYTHONPATH"] = os.pathsep.join(x for x in (checkout, os.environ.get("PYTHONPATH")) if x)
             return e
 
         files = []  # (specrun's prompt file, llama.cpp's: the same text, read alike)
@@ -184,7 +197,7 @@ def main() -> int:
                     n = p.n_predict or 128
                     if mode == "plain":
                         r = run_specrun(args, f, n, "none", env(mode))
-                    elif mode in ("specrun", "specrun:base"):
+                    elif mode in ("specrun", "specrun:base") or mode.startswith("specrun@"):
                         r = run_specrun(args, f, n, None, env(mode))
                     elif mode.startswith("specrun:"):
                         r = run_specrun(args, f, n, mode.removeprefix("specrun:").removeprefix("base:"), env(mode))
@@ -266,6 +279,16 @@ def ab_table(best: dict[str, dict[str, float]]) -> None:
     vs_top = [r[1] / r[3] for r in rows if r[1]]
     if vs_base:
         print(f"| geomean | | {statistics.geometric_mean(vs_base):.3f}x | {statistics.geometric_mean(vs_top):.3f}x | |")
+    variants = sorted({m for by_mode in best.values() for m in by_mode if m.startswith("specrun@")})
+    if not variants:
+        return
+    print("\n| class | " + " | ".join(f"{v.removeprefix('specrun@')} / default" for v in variants) + " |")
+    print("|---|" + "---|" * len(variants))
+    for c, mine, *_ in rows:
+        if mine:
+            print(f"| {c} | " + " | ".join(f"{best[c][v] / mine:.2f}x" if v in best[c] else "-" for v in variants) + " |")
+    means = [[best[c][v] / mine for c, mine, *_ in rows if mine and v in best[c]] for v in variants]
+    print("| geomean | " + " | ".join(f"{statistics.geometric_mean(m):.3f}x" if m else "-" for m in means) + " |")
 
 
 if __name__ == "__main__":

@@ -465,7 +465,7 @@ def costs_table(path, entries: dict[str, dict]) -> Group:
         if stored:
             ngram = NgramSource()
             ngram.load(stored, keep=float("inf"))
-            taught = [rates for taught, rates in zip(ngram.taught(), ngram.rates()) if taught]
+            taught = [rates for taught, rates in zip(ngram.learned_kinds(), ngram.rates()) if taught]
             for i, rates in enumerate(taught, 1):  # the kinds of reply it keeps apart (an untaught one: not shown)
                 t.add_row(
                     f"a copy goes on, kind {i} (by match length)", "  ".join(f"{n}: {rates[copy_bin(n)]:.0%}" for n in COPY_BINS[1::2])

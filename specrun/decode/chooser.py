@@ -59,7 +59,7 @@ class Plan:
     rate: float = 0.0  # what a second of this round is worth, which a source's stop rule weighs each
     # draft against: its expected tokens per second, or the reply's pace where that is higher
     expected: float = 0.0  # its own expected tokens per second, at the posterior means
-    most: int = 0  # what the source offered: one that decides how far as it drafts may go past k, up to there
+    offered: int = 0  # what the source offered: one that decides how far as it drafts may go past k, up to there
     verify: tuple[float, ...] = ()  # the verify curve c(1..) it was chosen on (a draw)
 
 
@@ -84,8 +84,8 @@ class Chooser:
     ties: Rate = field(default_factory=Rate)  # near-ties per row checked
     options: dict[str, Option] = field(default_factory=dict)  # the best per source, at the means, of the last round with anything on offer
     pace: float = 0.0  # the reply's pace the last round was weighed against, where it beat every option (else 0)
-    spent: float = 0.0  # seconds this reply's rounds took ...
-    stated: float = 0.0  # ... and the tokens they were expected to make in them
+    pace_seconds: float = 0.0  # seconds this reply's rounds took ...
+    pace_tokens: float = 0.0  # ... and the tokens they were expected to make in them
 
     @property
     def tie_rate(self) -> float:
@@ -118,18 +118,18 @@ class Chooser:
         return (k, float(gains[k - 1])) if k else (0, -np.inf)
 
     def begin_reply(self) -> None:
-        self.spent = self.stated = 0.0
+        self.pace_seconds = self.pace_tokens = 0.0
 
     def observe_round(self, plan: Plan, seconds: float) -> None:
         """A round of ``plan`` took ``seconds`` (drafting, verifying, sampling): the reply's pace
         counts it at the rate it was expected to make, whatever it made."""
-        self.spent += seconds
-        self.stated += (plan.expected or 1.0 / self.cost.verify_cost(1)) * seconds
+        self.pace_seconds += seconds
+        self.pace_tokens += (plan.expected or 1.0 / self.cost.verify_cost(1)) * seconds
 
     @property
     def reply_pace(self) -> float:
         """What this reply's rounds were expected to make a second (0 before its first)."""
-        return self.stated / self.spent if self.spent > 0 else 0.0
+        return self.pace_tokens / self.pace_seconds if self.pace_seconds > 0 else 0.0
 
     def choose(self, caps: dict[str, int], rng: np.random.Generator | None, pace: float | None = None) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``rng`` draws the
@@ -154,16 +154,16 @@ class Chooser:
             offers[name] = (drawn, draft, means)
             k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:
-                plan = Plan(name, k, rate, most=cap, verify=tuple(c))
+                plan = Plan(name, k, rate, offered=cap, verify=tuple(c))
             km, mrate = self.best(means, draft, mean_c, r, drafting=True)
             self.options[name] = Option(km, mrate * mean_c[0], means[0], mean_c[km] / mean_c[0], draft[km - 1] / mean_c[0])
         self.pace = pace if pace > plan.rate else 0.0
         if self.pace:  # the reply's rounds have made tokens faster than anything on offer now
-            plan, most = Plan("none", 0, pace), 1.0 - pace * c[0]
+            plan, best_gain = Plan("none", 0, pace), 1.0 - pace * c[0]
             for name, (drawn, draft, _) in offers.items():
                 k, gain = self.surplus(drawn, draft, c, r, pace)
-                if k and gain > most:
-                    plan, most = Plan(name, k, pace, most=caps[name], verify=tuple(c)), gain
+                if k and gain > best_gain:
+                    plan, best_gain = Plan(name, k, pace, offered=caps[name], verify=tuple(c)), gain
         # what the round is expected to make a second, at the means (a draw that won the choice is
         # likelier high than low): the reply's pace is built of these
         expected = float(1.0 / mean_c[0])

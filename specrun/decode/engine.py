@@ -135,8 +135,8 @@ def speculative_round(
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
-    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.most, plan.verify) if drafter is not None and plan.k > 0 else Proposal()
-    draft = proposal.cut(max(plan.k, plan.most))  # a stop rule may draft on past K, up to the offer
+    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.offered, plan.verify) if drafter is not None and plan.k > 0 else Proposal()
+    draft = proposal.cut(max(plan.k, plan.offered))  # a stop rule may draft on past K, up to the offer
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
     k = len(draft)
@@ -243,11 +243,11 @@ class Engine:
         self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
         self.cost = cost if cost is not None else learned.cost if learned is not None else CostModel()
         self.prediction, self.history = Prediction(), History()  # the reply's (see generate)
-        self.makings = draft_sources.Makings(
+        self.inputs = draft_sources.SourceInputs(
             target, draft, heads, eagle3, dflash, sampler, self.rng, self.cost, settings.draft_max,
             (settings.ngram_min, settings.ngram_max), self.prediction, self.history,
         )  # fmt: skip
-        self.sources: dict[str, Source] = draft_sources.build(settings.sources, self.makings)
+        self.sources: dict[str, Source] = draft_sources.build(settings.sources, self.inputs)
         for src in self.sources.values():
             if isinstance(src, Autoregressive) and settings.fixed:
                 src.p_min = settings.p_min
@@ -377,7 +377,7 @@ class Engine:
         stats = stats if stats is not None else RunStats()
         for name, brought in ((PREDICTED, bool(prediction)), (REMEMBERED, history is not None)):
             if brought and self.sources and name not in self.sources:  # (the chooser shares the dict)
-                for made, src in draft_sources.build([name], self.makings).items():
+                for made, src in draft_sources.build([name], self.inputs).items():
                     src.load(self.stored.get(made) or {})
                     self.sources[made] = src
         # before prefill: the sources' begin reads them
@@ -420,14 +420,14 @@ class Engine:
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
                     self.settings.draft_min, self.tie_margin, sources,
                 )  # fmt: skip
-                settling, force_plain = force_plain, r.deferred
+                settling_tie, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)
                 if r.stats.drafted > r.accepted:
                     self.cost.observe_rollback(r.stats.rollback_s)
                 for src in sources:
                     src.observe(r)
                 stats.n_prediction_followed = self.prediction.followed
-                if not settling:  # a settling step's row is the near-tie that deferred it, counted already
+                if not settling_tie:  # a settling step's row is the near-tie that deferred it, counted already
                     self.chooser.observe_ties(r.stats.checked, r.stats.ties)
                 emitted = r.emitted
                 for i, t in enumerate(emitted):

@@ -32,7 +32,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Makings:
+class SourceInputs:
     """What a source may be made from."""
 
     target: Model
@@ -49,13 +49,13 @@ class Makings:
     history: History = field(default_factory=History)  # ... and the earlier replies it may draft from
 
 
-def _ends_line(m: Makings) -> Callable[[int], bool]:
+def _ends_line(m: SourceInputs) -> Callable[[int], bool]:
     """Does a token's text hold a line break? (the copy sources price a new line apart)"""
     return lambda t: b"\n" in m.target.piece(t)
 
 
 # name -> how to make it (None: not possible with what is at hand)
-MAKERS: dict[str, Callable[[Makings], Source | None]] = {
+MAKERS: dict[str, Callable[[SourceInputs], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "prediction": lambda m: PredictionSource(m.prediction, *m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "suffix": lambda m: SuffixSource(m.history, ends_turn=m.target.is_eog),
@@ -70,7 +70,7 @@ MAKERS: dict[str, Callable[[Makings], Source | None]] = {
 }
 
 
-def build(names: list[str], makings: Makings) -> dict[str, Source]:
+def build(names: list[str], inputs: SourceInputs) -> dict[str, Source]:
     """The sources named that can be made (in the order given)."""
-    made = {name: MAKERS[name](makings) for name in names}
+    made = {name: MAKERS[name](inputs) for name in names}
     return {name: s for name, s in made.items() if s is not None}

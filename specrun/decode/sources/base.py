@@ -132,9 +132,9 @@ class Source(Protocol):
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
         """Up to k drafts. A source that sees its confidence decides how far as it drafts, up to
-        ``most`` (what it offered), weighing each further token against ``worth`` tokens a second
+        ``offered`` (what it offered), weighing each further token against ``worth`` tokens a second
         (``verify``: the verify curve c(1..) the round was planned on, a draw; none given, its
         means)."""
 

@@ -135,7 +135,7 @@ class Autoregressive:
 
     # --- drafting --------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
         if k <= 0:
             return Proposal()
         t0 = time.perf_counter()
@@ -143,7 +143,7 @@ class Autoregressive:
         out = Proposal(sync_s=sync_s, caught_up=caught_up)
         if logits is None:
             return out
-        most = max(k, most) if worth > 0 else k  # with a stop rule, as far as the source offered
+        most = max(k, offered) if worth > 0 else k  # with a stop rule, as far as the source offered
         # c[b - 1]: verifying b tokens (the pending one and b - 1 drafts)
         c = np.asarray(verify) if len(verify) > most else self.verify.table(most + 1)
         d = self.per_token or 0.0
@@ -339,8 +339,8 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, most, verify)
+    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, offered, verify)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the

@@ -79,12 +79,12 @@ class NgramSource:
         """A new reply is a new text: the last one joins the kind that foretold it, as a prior
         for this one's copies (a summary's copied phrases say little of an explanation's)."""
         self.offer = Proposal()
-        self.kinds = self._folded()
+        self.kinds = self._kinds_after_reply()
         self.copy, self.line, self.fit = RateTable(len(COPY_BINS)), Rate(), [0.0] * COPY_KINDS
 
-    def _folded(self) -> list[tuple[RateTable, Rate]]:
+    def _kinds_after_reply(self) -> list[tuple[RateTable, Rate]]:
         """The kinds once this reply's copies join the one that foretold them best."""
-        if not _taught(self.copy, self.line):
+        if not _learned(self.copy, self.line):
             return self.kinds
         best = max(range(COPY_KINDS), key=lambda k: self.fit[k])  # (a tie: the first)
         out = list(self.kinds)
@@ -102,19 +102,19 @@ class NgramSource:
         no reply has taught has no rates to price a copy by (its flat prior would halve every
         copy's chance to go on at a reply's start): it prices nothing until a reply joins it,
         though its fit is kept, as the place a reply that the taught kinds foretell worse goes."""
-        taught = self.taught()
-        taught = taught if any(taught) else [True] * COPY_KINDS
-        top = max(f for f, t in zip(self.fit, taught) if t)
-        w = [float(np.exp(f - top)) if t else 0.0 for f, t in zip(self.fit, taught)]
+        learned = self.learned_kinds()
+        learned = learned if any(learned) else [True] * COPY_KINDS
+        top = max(f for f, t in zip(self.fit, learned) if t)
+        w = [float(np.exp(f - top)) if t else 0.0 for f, t in zip(self.fit, learned)]
         out = []
         for wk, kind in zip(w, self.kinds):
             table, line = self._with_reply(*kind)
             out.append((wk / sum(w), table.means(), line))
         return out
 
-    def taught(self) -> list[bool]:
-        """Which kinds a reply has taught."""
-        return [_taught(table, line) for table, line in self.kinds]
+    def learned_kinds(self) -> list[bool]:
+        """Which kinds a reply has taught (the others price no copy)."""
+        return [_learned(table, line) for table, line in self.kinds]
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer = self.drafter.propose(tokens, room)
@@ -150,7 +150,7 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
         return self.offer.cut(k)
 
     def observe(self, outcome: Round) -> None:
@@ -201,7 +201,7 @@ class NgramSource:
 
     def to_json(self) -> dict:
         """The kinds, this reply's copies in the one that foretold them."""
-        kinds = [{**t.to_json(), "line": [round(line.hits, 3), round(line.n, 3)]} for t, line in self._folded()]
+        kinds = [{**t.to_json(), "line": [round(line.hits, 3), round(line.n, 3)]} for t, line in self._kinds_after_reply()]
         return {"bins": list(COPY_BINS), "kinds": kinds}
 
     def load(self, d: dict, keep: float = COPY_STORED_WEIGHT) -> None:
@@ -219,7 +219,7 @@ class NgramSource:
             self.kinds[i] = (table, line)
 
 
-def _taught(table: RateTable, line: Rate) -> bool:
+def _learned(table: RateTable, line: Rate) -> bool:
     """Has anything been counted in these copy rates?"""
     return any(r.n for r in [*table.bins, line])
 

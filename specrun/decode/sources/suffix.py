@@ -165,7 +165,7 @@ class SuffixSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, most: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
         run = self.offer[:k]
         return Proposal(run, [Dist.one_hot(t) for t in run])
 

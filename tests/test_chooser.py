@@ -39,7 +39,7 @@ class Arm:
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth, most=0, verify=()):
+    def propose(self, tokens, k, worth, offered=0, verify=()):
         return Proposal([1] * k)
 
     def observe(self, o: Round):
