@@ -30,6 +30,7 @@ from tiny_dflash import (
     dspark_weights,
     write_dflash,
 )
+from tiny_eagle3 import build_eagle3
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.cli.main import main
@@ -38,7 +39,7 @@ from specrun.decode.sources.dflash import DFlashSource
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
-from specrun.llama import DFlashHead, LoadOptions, Model
+from specrun.llama import DFlashHead, Eagle3Head, LoadOptions, Model
 
 KINDS = ("dflash", "dspark", "dflash2")
 
@@ -248,6 +249,25 @@ def test_a_drafter_attached_late_catches_up(tiny, drafters, targets):
         target.eval(prompt[:-1], logits="none")
         np.testing.assert_allclose(h.draft(prompt[-1], h.n_past, 3).logits, target.dflash.draft(prompt[-1], h.n_past, 3).logits, atol=2e-3)
     assert late.dflash is None and h._ctx is None  # closed with its target
+
+
+def test_closing_one_head_leaves_another_reading_the_same_layers(tiny, drafters, targets, tmp_path):
+    """An EAGLE-3 head and a block drafter on one target both read its layers 0 and 1. Closing
+    the EAGLE-3 head leaves those layers handed out: the drafter's next block, from a prompt the
+    target decoded after the close, is the one a target with the drafter alone drafts."""
+    eagle3 = build_eagle3(tmp_path)["eagle3"]
+    alone, _ = targets["dflash"]
+    prompt = alone.tokenize(PROMPTS[0])
+    with Model(tiny["target"], LoadOptions(n_ctx=1024, n_threads=1, n_batch=64)) as both:
+        h = DFlashHead(both, drafters["dflash"])
+        Eagle3Head(both, eagle3).close()
+        assert both.eagle3 is None and both.dflash is h
+        both.eval(prompt[:-1], logits="none")
+        alone.reset()
+        alone.eval(prompt[:-1], logits="none")
+        got, want = h.draft(prompt[-1], h.n_past, 4), alone.dflash.draft(prompt[-1], alone.n_past, 4)
+        assert got.tokens == want.tokens
+        np.testing.assert_allclose(got.logits, want.logits, atol=2e-3)
 
 
 # --- drafting through the engine ------------------------------------------------------------

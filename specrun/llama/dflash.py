@@ -42,7 +42,7 @@ from specrun.errors import BackendError, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
 from specrun.llama.ffi import _ensure_init
-from specrun.llama.heads import _eagle3_fn, _free_context, _head_context, _load_head
+from specrun.llama.heads import _eagle3_fn, _free_context, _head_context, _load_head, read_layer_inputs
 from specrun.llama.model import LoadOptions, Model
 
 # rows of one drafter decode: an injection chunk, or a block (so the longest block). A drafter
@@ -138,8 +138,8 @@ class DFlashHead:
         self._pos = (ll.llama_pos * 4)()
         causal = str(_meta(self._model, "dflash.attention.causal")).lower() == "true"
         ll.llama_set_causal_attn(ctx, causal)  # a block's rows see each other, unless the file says otherwise
-        for lid in sorted(set(self.layers)):  # the target hands out these layers' inputs from now on
-            _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, True)
+        read_layer_inputs(target, self.layers, True)  # the target hands out these layers' inputs from now on
+        self._reading = True
         if self.kind == "dflash2" or self.confidence_head:  # the lattice (every row's), or the confidences (the outputs')
             ll_ext.llama_set_embeddings_nextn(ctx, True, self.kind != "dflash2")
         self.inject_s = 0.0  # seconds in injection decodes (and copying the target's rows)
@@ -303,9 +303,9 @@ class DFlashHead:
         _free_context(self)
         target = getattr(self, "target", None)
         if target is not None:
-            if target._ctx:  # the target no longer hands out its layer inputs
-                for lid in sorted(set(self.layers)):
-                    _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, False)
+            if getattr(self, "_reading", False):  # (once: a second close changes nothing)
+                read_layer_inputs(target, self.layers, False)
+                self._reading = False
             if target.dflash is self:
                 target.dflash = None
         if self._model:

@@ -465,6 +465,20 @@ def _eagle3_fn(name: str) -> ctypes._CFuncPtr:
     return _eagle3_fns[name]
 
 
+def read_layer_inputs(target: Model, layers: tuple[int, ...], on: bool) -> None:
+    """Start (``on``) or stop reading these layers' inputs from ``target``. A layer is handed
+    out from its first reader on and turned off only when its last reader stops, so closing one
+    head never blinds another that reads the same layer."""
+    for lid in sorted(set(layers)):
+        n = target.layer_readers.get(lid, 0) + (1 if on else -1)
+        if n <= 0:
+            target.layer_readers.pop(lid, None)
+        else:
+            target.layer_readers[lid] = n
+        if target._ctx and (n == 1 if on else n == 0):
+            _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, on)
+
+
 class Eagle3Head(DraftHead):
     """An EAGLE-3 head (a GGUF of arch ``eagle3``) beside its target.
 
@@ -509,8 +523,8 @@ class Eagle3Head(DraftHead):
             ll.llama_model_free(self._model)
             self._model = None
             raise
-        for lid in sorted(set(self.layers)):  # the target hands out these layers' inputs from now on
-            _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, True)
+        read_layer_inputs(target, self.layers, True)  # the target hands out these layers' inputs from now on
+        self._reading = True
         ll_ext.llama_set_embeddings_nextn(ctx, True, True)  # the encoder's g rows and the decoder's output states
         self.n_embd_target = int(ll.llama_model_n_embd(target._model))
         self._follow(target, ctx, len(self.layers) * self.n_embd_target, int(ll.llama_model_n_embd(self._model)))
@@ -555,9 +569,9 @@ class Eagle3Head(DraftHead):
 
     def close(self) -> None:
         super().close()
-        if self.target._ctx:  # the target no longer hands out its layer inputs
-            for lid in sorted(set(self.layers)):
-                _eagle3_fn("llama_set_embeddings_layer_inp")(self.target._ctx, lid, False)
+        if getattr(self, "_reading", False):  # (once: a second close changes nothing)
+            read_layer_inputs(self.target, self.layers, False)
+            self._reading = False
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None

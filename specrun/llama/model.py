@@ -159,6 +159,9 @@ class Model:
         self.heads: Attached | None = None
         self.eagle3: Attached | None = None
         self.dflash: Attached | None = None
+        # how many attached heads read each layer's inputs (an EAGLE-3 head and a block drafter
+        # may read the same layer): the target hands a layer out while anyone reads it
+        self.layer_readers: dict[int, int] = {}
         log.mark()
         mp, self._keep = _model_params(opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
