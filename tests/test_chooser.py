@@ -39,8 +39,11 @@ class Arm:
     def cost(self, k):
         return k * self.d
 
-    def propose(self, tokens, k, worth, offered=0, verify=()):
+    def propose(self, tokens, k, worth, offered=0, verify=(), rival=None):
         return Proposal([1] * k)
+
+    def peek(self, seq, room):
+        return []
 
     def observe(self, o: Round):
         self.positions.decay()
@@ -263,6 +266,26 @@ def test_the_ngram_source_scores_every_copy_on_offer_by_its_length():
     for _ in range(40):
         s.observe(Round("none", Proposal(), 0, [999], False, rs))
     assert s.acceptance(1, None)[0] < before[0]
+
+
+def test_a_draft_under_way_is_weighed_against_the_copy_it_would_let_the_next_round_take():
+    """Asked mid-draft, with the drafts at the end of the sequence, the n-gram source states the
+    copy it would offer there exactly as it would once the drafts are verified, and the chooser
+    prices it as it prices a round: nothing where the drafts are new text; where they reproduce
+    the context, a copy that makes more than plain decoding."""
+    s = NgramSource()
+    seq = list(range(1, 41))  # 40 tokens, none repeated: nothing to copy at the end
+    s.prepare(seq, 16, 100)
+    chooser = Chooser({"ngram": s}, CostModel(dict(GPU_CURVE)), draft_max=16)
+    assert s.peek(seq + [99, 98], 16) == [] and chooser.rival(seq + [99, 98], [s]) == 0.0
+    drafts = seq[:8]  # drafts that write the start of the context again
+    asked = s.peek(seq + drafts, 16)
+    verified = NgramSource()
+    verified.copy, verified.line = s.copy, s.line
+    cap = verified.prepare(seq + drafts, 16, 100)
+    assert len(asked) == cap > 0 and asked == verified.acceptance(cap, None)
+    assert chooser.rival(seq + drafts, [s]) > 1.0 / GPU_CURVE[1]
+    assert s.peek(seq, 16) == []  # asking changed nothing: the sequence as it was still has no copy
 
 
 def test_copy_rates_learn_from_every_token_written_however_it_was_drafted():

@@ -16,7 +16,8 @@ from specrun.decode.costs import CostModel, calibrate
 from specrun.decode.engine import Engine, Settings
 from specrun.decode.learned import CostStore, Learned
 from specrun.decode.sampling import Sampler
-from specrun.decode.sources.ngram import COPY_STORED_WEIGHT, NgramSource, copy_bin
+from specrun.decode.sources.base import PRIOR_WEIGHT
+from specrun.decode.sources.ngram import NgramSource, copy_bin
 from specrun.llama import LoadOptions, Model
 from specrun.run.stream import stream_generate
 
@@ -268,14 +269,14 @@ def test_what_the_sources_learned_round_trips_as_a_prior_and_damage_is_a_cold_st
     back = NgramSource()
     back.load(store.load("k").sources["ngram"])
     (taught, _), (untaught, _) = back.kinds  # the reply joined the first kind (both foretold it alike)
-    assert taught.bins[copy_bin(32)].n == pytest.approx(COPY_STORED_WEIGHT)  # a prior, not the whole story
+    assert taught.bins[copy_bin(32)].n == pytest.approx(PRIOR_WEIGHT)  # a prior, not the whole story
     assert all(r.n == 0 for r in untaught.bins)
-    assert s.copy.bins[copy_bin(32)].n > 3 * COPY_STORED_WEIGHT
+    assert s.copy.bins[copy_bin(32)].n > 3 * PRIOR_WEIGHT
     assert NgramSource().rates()[0][copy_bin(32)] + 0.2 < back.rates()[0][copy_bin(32)] <= s.rates()[0][copy_bin(32)]
     older = {"bins": s.to_json()["bins"], **s.copy.to_json(), "line": [3.0, 4.0]}  # an older specrun's pooled rates
     fresh = NgramSource()
     fresh.load(older)
-    assert fresh.rates()[0] == back.rates()[0] and fresh.kinds[0][1].n == pytest.approx(COPY_STORED_WEIGHT)
+    assert fresh.rates()[0] == back.rates()[0] and fresh.kinds[0][1].n == pytest.approx(PRIOR_WEIGHT)
     kinds = s.to_json()["kinds"]
     for bad in (
         {"bins": [1, 2]},
@@ -317,7 +318,7 @@ def test_a_second_process_starts_with_the_first_ones_statistics(tiny, tmp_path):
         e = open_engine(pair, Settings("ngram"), Sampler(0.0), CostStore(cache / "costs.json"))
         ngram = e.sources["ngram"]
         for (table, _), k in zip(ngram.kinds, entry["sources"]["ngram"]["kinds"]):
-            assert [r.n for r in table.bins] == pytest.approx([min(t, COPY_STORED_WEIGHT) for t in k["n"]])
+            assert [r.n for r in table.bins] == pytest.approx([min(t, PRIOR_WEIGHT) for t in k["n"]])
         assert ngram.rates() != NgramSource().rates()
     finally:
         pair.close()

@@ -370,8 +370,8 @@ def test_greedy_with_a_d2t_head_equals_plain(d2t_targets, plain, head, prompt, m
     drafted: list[int] = []
     propose = Eagle3Source.propose
 
-    def spy(self, tokens, k, worth, offered=0, verify=()):
-        p = propose(self, tokens, k, worth, offered, verify)
+    def spy(self, tokens, k, worth, offered=0, verify=(), rival=None):
+        p = propose(self, tokens, k, worth, offered, verify, rival)
         drafted.extend(p.tokens)
         return p
 

@@ -303,6 +303,21 @@ def test_the_stop_rule_drafts_as_far_as_the_drafts_confidence_has_foretold(loade
     assert len(broken.propose(prompt, 2, worth, 16).tokens) <= 1
 
 
+def test_a_draft_stops_where_another_source_would_make_more_of_the_next_tokens(loaded):
+    """Each further draft is weighed against the round's planned rate, or against what the other
+    sources could make of a round from there (``rival``: a copy of the context, free to draft)
+    where that is more: a draft that would run on stops where a much faster rival appears, and
+    runs on past a slower one."""
+    src, prompt = taught(loaded, lambda n: n)
+    worth = 1.5 / FLAT[1]
+
+    def after(n: int, rate: float):  # a rival that appears once n tokens are drafted
+        return lambda seq: rate if len(seq) >= len(prompt) + n else 0.0
+
+    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 2.0 / FLAT[1])).tokens) >= 8
+    assert len(src.propose(prompt, 2, worth, 16, rival=after(3, 50.0 / FLAT[1])).tokens) == 3
+
+
 def test_the_stop_rule_prices_its_verify_on_the_curve_the_round_was_planned_on(loaded):
     """The chooser plans a round on a draw of the verify curve too: where the stored curve says
     long batches are dear (a poisoned calibration, or sizes never verified) and the draw hoped

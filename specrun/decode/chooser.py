@@ -173,6 +173,16 @@ class Chooser:
             expected = float(total[-1] / time[-1])
         return dataclasses.replace(plan, expected=expected)
 
+    def rival(self, seq: list[int], sources: list[Source]) -> float:
+        """The most tokens a second any of ``sources`` could make, at the means, of a round after
+        ``seq`` (which may end in drafts not yet verified); 0 where none can say."""
+        top = 0.0
+        for src in sources:
+            acc = np.array(src.peek(seq, self.draft_max))
+            if len(acc):
+                top = max(top, self.best(acc, _draft_costs(src, len(acc)), self.cost.table(len(acc) + 1), self.cost.rollback_s, True)[1])
+        return top
+
     def could_pay(self, src: Source, cap: int) -> bool:
         """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,
         and its cache need not be kept up.)"""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -121,12 +121,14 @@ def speculative_round(
     draft_min: int = 1,
     tie_margin: float = 0.0,
     others: list[Source] | None = None,
+    rival: Callable[[list[int]], float] | None = None,
 ) -> Round:
     """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
     ``tokens`` is the sequence; the target's cache holds all of it but the last token.
     ``others`` are the sources whose caches must follow the target's back (the drafter among
-    them).
+    them); ``rival(sequence)``: the most tokens a second the other sources could make of a
+    round after it (a drafter that decides how far as it goes stops where that is more).
 
     At temperature 0 a position whose top-two logits are closer than ``tie_margin`` is left
     undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
@@ -135,7 +137,9 @@ def speculative_round(
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
-    proposal = drafter.propose(tokens, plan.k, plan.rate, plan.offered, plan.verify) if drafter is not None and plan.k > 0 else Proposal()
+    proposal = (
+        drafter.propose(tokens, plan.k, plan.rate, plan.offered, plan.verify, rival) if drafter is not None and plan.k > 0 else Proposal()
+    )
     draft = proposal.cut(max(plan.k, plan.offered))  # a stop rule may draft on past K, up to the offer
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
@@ -416,9 +420,10 @@ class Engine:
                 caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
                 plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, self.choice_rng)
                 drafter = self.sources.get(plan.source)
+                rivals = [s for s in sources if s is not drafter]
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
-                    self.settings.draft_min, self.tie_margin, sources,
+                    self.settings.draft_min, self.tie_margin, sources, functools.partial(self.chooser.rival, sources=rivals),
                 )  # fmt: skip
                 settling_tie, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)

@@ -27,7 +27,11 @@ PRIOR_WEIGHT = 2.0  # a prior counts as this many observations (trades: trying m
 # drafting on hope in a run's first rounds)
 STORED_WEIGHT = 8.0  # what an earlier run stored counts as at most this many observations, so a
 # run on other text overrules it within a few rounds (trades: a warm start, against carrying
-# another text's rates over)
+# another text's rates over); copy rates, which differ more between texts, count as a prior
+# (PRIOR_WEIGHT)
+UNTIMED = 0.5  # a cost not timed yet (a draft step, a catch-up's token), as a share of what it is
+# measured against (trades: trying an untimed source, against drafting on a cost that may be dear;
+# every source is timed at its first prompt, so this lasts one round at most)
 
 
 class Rate:
@@ -132,11 +136,20 @@ class Source(Protocol):
     def cost(self, k: int) -> float:
         """Seconds to draft k tokens this round (catching its cache up included)."""
 
-    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(
+        self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         """Up to k drafts. A source that sees its confidence decides how far as it drafts, up to
-        ``offered`` (what it offered), weighing each further token against ``worth`` tokens a second
-        (``verify``: the verify curve c(1..) the round was planned on, a draw; none given, its
-        means)."""
+        ``offered`` (what it offered), weighing each further token against ``worth`` tokens a
+        second, or against ``rival(sequence)``, the most the other sources could make a second of
+        a round from there, where that is more (``verify``: the verify curve c(1..) the round was
+        planned on, a draw; none given, its means)."""
+
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        """a_1.. of the draft it would offer after ``seq`` (at most ``room`` tokens), found without
+        preparing: ``seq`` may end in another source's drafts. [] where it cannot say (a source
+        that drafts from a cache of its own)."""
 
     def observe(self, outcome: Round) -> None:
         """Learn from the round just done."""

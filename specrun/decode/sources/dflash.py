@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from specrun.decode.sources.base import UNTIMED
 from specrun.decode.sources.model import Autoregressive
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class DFlashSource(Autoregressive):
     def cost(self, k: int) -> float:
         if k <= 0:
             return 0.0
-        block = self.first_s if self.first_s is not None else 0.5 * self.verify.verify_cost(1)
+        block = self.first_s if self.first_s is not None else UNTIMED * self.verify.verify_cost(1)
         return block + (k - 1) * (self.per_token or 0.0)
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:

@@ -14,7 +14,9 @@ further draft expected to be accepted as often as, in this source's rounds so fa
 following one as confident as the last was (measured: a confident token in a copied file is
 followed by more of them, one in prose often is not). So the chooser decides which source
 drafts, and how far is decided here, up to what the source offered this round: the draft's
-confidence is what this text says now, where the position posteriors pool every text seen.
+confidence is what this text says now, where the position posteriors pool every text seen. It
+also stops where the other sources could make more of the next tokens than drafting on would
+(``rival``: where the drafts reproduce the context, the n-gram lookup drafts the rest for free).
 On a memory-bound target (flat verify, cheap draft) that drafts long runs of confident tokens;
 on a compute-bound one it stops early. A draft also stops at a token that ends the target's
 turn: the target stops there, so nothing past it could be kept.
@@ -37,7 +39,7 @@ import numpy as np
 from specrun.decode.costs import EWMA
 from specrun.decode.round import Proposal, Round, common_prefix
 from specrun.decode.sampling import Dist, Sampler, greedy_confidence
-from specrun.decode.sources.base import Rate, RateTable
+from specrun.decode.sources.base import UNTIMED, Rate, RateTable
 
 if TYPE_CHECKING:
     from specrun.decode.costs import CostModel
@@ -106,7 +108,7 @@ class Autoregressive:
         return self.positions.draws(rng)[:k]
 
     def token_cost(self) -> float:
-        return self.per_token if self.per_token is not None else 0.5 * self.verify.verify_cost(1)
+        return self.per_token if self.per_token is not None else UNTIMED * self.verify.verify_cost(1)
 
     def cost(self, k: int) -> float:
         if k <= 0:
@@ -135,7 +137,13 @@ class Autoregressive:
 
     # --- drafting --------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        return []  # it drafts from its own cache, which holds no other source's drafts
+
+    def propose(
+        self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         if k <= 0:
             return Proposal()
         t0 = time.perf_counter()
@@ -179,6 +187,9 @@ class Autoregressive:
                     nxt = self.next_rate(conf)
                     if not _more_pays(reach, gained, i + 1, most, kept_value, worth, nxt, c, d):
                         break
+                    other = rival(tokens + out.tokens) if rival is not None else 0.0
+                    if other > worth and not _more_pays(reach, gained, i + 1, most, gained - other * (c[i + 1] - c[0]), other, nxt, c, d):
+                        break  # another source (a copy of the context) would make more of the next tokens
                 logits = self._step(x)
         finally:
             self._end()
@@ -312,7 +323,7 @@ class ModelSource(Autoregressive):
         # catch-up, paid once for the stretch of rounds it drafts before it falls behind again:
         # this round bears its share (k + 1 of the stretch's tokens)
         d = self.token_cost()
-        catch = self.catch_up_per_token if self.catch_up_per_token is not None else 0.5 * d
+        catch = self.catch_up_per_token if self.catch_up_per_token is not None else UNTIMED * d
         return super().cost(k) + (self.lag * catch * min(1.0, (k + 1) / min(self.left, self._stretch())) if self.lag > 2 else 0.0)
 
     def _stretch(self) -> float:
@@ -339,8 +350,11 @@ class ModelSource(Autoregressive):
     def _step(self, x: int) -> np.ndarray:
         return self.model.eval_last([x])
 
-    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
-        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, offered, verify)
+    def propose(
+        self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
+        return super().propose(tokens, min(k, self.model.n_ctx - len(tokens)), worth, offered, verify, rival)
 
     def measure_token_cost(self, token: int) -> float:
         """Seconds for one single-token draft decode (the median of five), measured past the

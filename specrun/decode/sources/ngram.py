@@ -19,7 +19,10 @@ new reply's copy rates is a mixture of the two, each weighted by how well it for
 reply's copies so far (Bayes' rule on a mixture of Beta priors). One copy that goes on or
 breaks moves every length bin towards the kind it fits, where a pooled prior would learn bin by
 bin. A reply ends in the kind that foretold it best, so kinds form as replies come: a reply
-that the first kind foretells worse than an untaught one starts the second.
+that the first kind foretells worse than an untaught one starts the second. A kind's rates count
+as a prior (``PRIOR_WEIGHT`` observations a bin), not as a draft model's stored rates do: texts
+of one kind still differ (a summary copies phrases, an edit whole lines; counted as 8, the first
+summary after the edits ran 1.3x plain, not 1.7x).
 """
 
 from __future__ import annotations
@@ -32,18 +35,13 @@ import numpy as np
 
 from specrun.decode.round import Proposal, Round
 from specrun.decode.sampling import Dist
-from specrun.decode.sources.base import DECAY, Rate, RateTable
+from specrun.decode.sources.base import DECAY, PRIOR_WEIGHT, Rate, RateTable
 
 COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
 # (0 and 1: a copy just past an edit the drafter learned)
 COPY_KINDS = 2  # kinds of text earlier replies are kept as: in practice, those that copy their
 # context (edits, summaries) and those that do not (trades: a reply's prior from texts like it,
 # against learning more kinds from fewer replies each)
-COPY_STORED_WEIGHT = 2.0  # a kind's copy rates count as at most this many observations per bin
-# (a draft model's stored rates, as much as base.STORED_WEIGHT): texts of one kind still differ
-# (a summary's copies are phrases, an edit's whole lines), where a draft model's acceptance by its
-# confidence is its own, whatever the text (trades: a warm start, against a reply drafting on
-# another text's rates; at 8, the first summary after the edits ran 1.3x plain, not 1.7x)
 
 
 def copy_bin(length: int) -> int:
@@ -88,7 +86,7 @@ class NgramSource:
             return self.kinds
         best = max(range(COPY_KINDS), key=lambda k: self.fit[k])  # (a tie: the first)
         out = list(self.kinds)
-        out[best] = self._with_reply(*out[best], COPY_STORED_WEIGHT)
+        out[best] = self._with_reply(*out[best], PRIOR_WEIGHT)
         return out
 
     def _with_reply(self, table: RateTable, line: Rate, keep: float = float("inf")) -> tuple[RateTable, Rate]:
@@ -143,6 +141,13 @@ class NgramSource:
             out.append(sum(w * _goes_on(rates, line, b, starts_line) for w, rates, line in kinds))
         return out
 
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        """a_1.. of the copy it would offer after ``seq`` (at most ``room``), found without
+        preparing: ``seq`` may end in another source's drafts."""
+        src, match = self.drafter.lookup(seq)
+        copy = self.drafter.span(seq, src, room) if match else []
+        return self._rates(copy[: self._to_turn_end(copy)], match, seq[-1])
+
     def rates(self) -> list[list[float]]:
         """Each kind's mean rate by copy-length bin, with this reply's copies (for `specrun costs`)."""
         return [rates for _, rates, _ in self._posterior()]
@@ -150,7 +155,10 @@ class NgramSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(
+        self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         return self.offer.cut(k)
 
     def observe(self, outcome: Round) -> None:
@@ -204,7 +212,7 @@ class NgramSource:
         kinds = [{**t.to_json(), "line": [round(line.hits, 3), round(line.n, 3)]} for t, line in self._kinds_after_reply()]
         return {"bins": list(COPY_BINS), "kinds": kinds}
 
-    def load(self, d: dict, keep: float = COPY_STORED_WEIGHT) -> None:
+    def load(self, d: dict, keep: float = PRIOR_WEIGHT) -> None:
         """Stored kinds as priors worth at most ``keep`` observations a bin (an older store's
         pooled rates: the first kind); anything malformed is left out."""
         if not isinstance(d, dict) or list(d.get("bins", ())) != list(COPY_BINS):

@@ -70,6 +70,9 @@ class PredictionSource(NgramSource):
         # budget's last) is counted as followed or not, as every other
         return min(super().prepare(tokens, room + 1, left), room)
 
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        return super().peek(seq, room) if self.hit else []
+
     def observe(self, outcome: Round) -> None:
         if self.hit:
             super().observe(outcome)

@@ -165,9 +165,15 @@ class SuffixSource:
     def cost(self, k: int) -> float:
         return 0.0
 
-    def propose(self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = ()) -> Proposal:
+    def propose(
+        self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),
+        rival: Callable[[list[int]], float] | None = None,
+    ) -> Proposal:  # fmt: skip
         run = self.offer[:k]
         return Proposal(run, [Dist.one_hot(t) for t in run])
+
+    def peek(self, seq: list[int], room: int) -> list[float]:
+        return []  # a lookup per drafted token of another source would cost more than it tells
 
     def observe(self, outcome: Round) -> None:
         """Score the offer (used or not) against what was written, up to its first miss."""
