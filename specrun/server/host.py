@@ -104,6 +104,9 @@ class Job:
     state: str = "queued"  # queued | running | done | cancelled | error
     stats: RunStats | None = None
     queued_at: float = field(default_factory=time.monotonic)
+    # the reply's last event, posted once its slot is free: a client that sends its next turn as
+    # soon as it reads this one finds the slot that holds the conversation free to take it
+    last: tuple[str, Any] | None = None
     _sent: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0), repr=False)
 
     def delivered(self) -> None:
@@ -323,6 +326,8 @@ class Host:
                 with self.cond:
                     slot.job = None
                     self._dispatch()
+                if job.last is not None:
+                    job.post(job.last)
                 self.durations.append(time.monotonic() - t0)
 
     def _serve(self, slot: _Slot, job: Job) -> None:
@@ -363,11 +368,11 @@ class Host:
                 if event.finish_reason is not None:  # counted before the client hears of it
                     self._count(stats)
                     stats = None
-                if job.stream:
+                if event.finish_reason is not None:  # posted once the slot is free (see Job.last)
+                    job.last = ("event", event if job.stream else dataclasses.replace(event, text="".join(said), segments=()))
+                elif job.stream:
                     job.post(("event", event))
                     job._sent.acquire(timeout=ACK_WAIT_S)
-                elif event.finish_reason is not None:
-                    job.post(("event", dataclasses.replace(event, text="".join(said), segments=())))
                 self.observer.progress(job)
             reason = event.finish_reason if event is not None else "interrupted"
             job.state = "cancelled" if reason == "interrupted" else "done"
