@@ -139,6 +139,17 @@ def test_on_the_means_the_choice_is_one_plan_and_draws_explore():
     assert len(explored) > 1
 
 
+def test_with_no_reply_left_to_use_a_lesson_the_choice_is_the_mean_one():
+    """A reply's first tokens (and a budget's last) have nothing left to use what a draw would
+    teach: the plan is the one on the means, whatever the random stream; with a reply left, the
+    draws differ."""
+    arm = Arm("model", 0.7, 0.002)
+    chooser = Chooser({"model": arm}, CostModel(dict(GPU_CURVE)))
+    means = chooser.choose({"model": 16}, None)
+    assert {chooser.choose({"model": 16}, np.random.default_rng(s), left=0) for s in range(20)} == {means}
+    assert len({chooser.choose({"model": 16}, np.random.default_rng(s), left=1000).k for s in range(20)}) > 1
+
+
 def test_a_poisoned_curve_heals_within_a_long_run():
     """Every size >= 6 stored 8x too dear; long copies are on offer and always go on. Within one
     long run the chooser drafts long anyway: a draw tries a long size, its true cost is seen, and

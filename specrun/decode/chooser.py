@@ -26,8 +26,12 @@ is below the best rate, both goals pick the same K.
 Everything it does not know yet (an idle source, a batch size never verified in this process)
 is a posterior, and the choice is made on one *draw* from them (Thompson sampling): what is
 uncertain but could pay gets tried, what is known to lose does not, and trying and exploiting
-are the same rule. A lesson that comes free needs no draw: the n-gram source's copy rates learn
-from every round, drafted or not, so it states their means.
+are the same rule. A lesson is only worth its risk if the run can use it, so each draw is pulled
+towards the posterior mean by how little of the reply is left (``left / INFO_HORIZON``). Nothing
+says where a reply ends, so what is left is taken as no more than what it has run so far, and
+never more than its budget: a reply's first tokens and its budget's last act on the means. A
+lesson that comes free needs no draw: the n-gram source's copy rates learn from every round,
+drafted or not, so it states their means.
 
 Near-ties (greedy with a tie margin, see the engine) end a round early and cost it its last
 token; their rate ``1 - u`` is measured on every row checked.
@@ -50,6 +54,11 @@ if TYPE_CHECKING:
     from specrun.decode.costs import CostModel
     from specrun.decode.sources import Source
     from specrun.decode.stats import RunStats
+
+
+INFO_HORIZON = 64  # a draw counts in full while at least this many tokens are left to use what
+# it teaches; fewer, and it is pulled towards the mean (trades: learning early in a reply, against
+# paying for lessons it has no time to use)
 
 
 @dataclass(frozen=True)
@@ -131,10 +140,11 @@ class Chooser:
         """What this reply's rounds were expected to make a second (0 before its first)."""
         return self.pace_tokens / self.pace_seconds if self.pace_seconds > 0 else 0.0
 
-    def choose(self, caps: dict[str, int], rng: np.random.Generator | None, pace: float | None = None) -> Plan:
+    def choose(self, caps: dict[str, int], rng: np.random.Generator | None, pace: float | None = None, left: int | None = None) -> Plan:
         """The next round: ``caps`` are what each source can offer this round, ``rng`` draws the
         posteriors (None: act on their means), ``pace`` the tokens a second a round is worth
-        (default: the reply's pace)."""
+        (default: the reply's pace), ``left`` the tokens the reply is expected to have left to
+        use what this round teaches (None: enough)."""
         pace = self.reply_pace if pace is None else pace
         caps = {s: min(k, self.draft_max) for s, k in caps.items() if k >= max(1, self.draft_min)}
         if not caps:  # no source can offer a token (a budget's or the context's last one): a plain
@@ -144,13 +154,16 @@ class Chooser:
             return Plan(s, caps[s])
         n = max(caps.values(), default=0) + 1
         c, mean_c, r = self.cost.drawn(rng, n), self.cost.table(n), self.cost.rollback_s
+        scale = 1.0 if left is None else min(1.0, left / INFO_HORIZON)  # the draw, pulled towards the means
+        c = mean_c + scale * (c - mean_c)
         plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
         offers = {}
         for name, cap in caps.items():
             src = self.sources[name]
             draft = _draft_costs(src, cap)
-            drawn, means = np.array(src.acceptance(cap, rng)), np.array(src.acceptance(cap, None))
+            means = np.array(src.acceptance(cap, None))
+            drawn = means + scale * (np.array(src.acceptance(cap, rng)) - means)
             offers[name] = (drawn, draft, means)
             k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:

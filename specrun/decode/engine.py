@@ -411,14 +411,14 @@ class Engine:
                     reason = "context"
                     break
                 k_room = max(0, min(room, remaining - 1, self.target.n_batch - 1, self.settings.draft_max))
-                # what is left of the reply to spread a one-off cost over (a catch-up): the
-                # budget at most, and, since nothing else is known of where a reply ends, no
+                # what is left of the reply to use a lesson on, or to spread a one-off cost over:
+                # the budget at most, and, since nothing else is known of where a reply ends, no
                 # more than it has run so far (a reply n tokens long is as likely to end before 2n
                 # as after)
                 left = min(room, remaining, stats.n_generated)
                 # every source gets ready (the n-gram lookup finds its copy), then one choice
                 caps = {name: src.prepare(tokens, k_room, left) for name, src in self.sources.items()}
-                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, self.choice_rng)
+                plan = Plan("none", 0) if force_plain else self.chooser.choose(caps, self.choice_rng, left=left)
                 drafter = self.sources.get(plan.source)
                 rivals = [s for s in sources if s is not drafter]
                 r = speculative_round(
