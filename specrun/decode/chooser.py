@@ -153,9 +153,10 @@ class Chooser:
             s = next(iter(caps))
             return Plan(s, caps[s])
         n = max(caps.values(), default=0) + 1
-        c, mean_c, r = self.cost.drawn(rng, n), self.cost.table(n), self.cost.rollback_s
         scale = 1.0 if left is None else min(1.0, left / INFO_HORIZON)  # the draw, pulled towards the means
-        c = mean_c + scale * (c - mean_c)
+        draw = rng if scale > 0 else None  # (nothing left to learn for: the means, no draw made)
+        mean_c, r = self.cost.table(n), self.cost.rollback_s
+        c = mean_c + scale * (self.cost.drawn(draw, n) - mean_c)
         plan = Plan("none", 0, 1.0 / c[0])
         self.options = {}
         offers = {}
@@ -163,7 +164,7 @@ class Chooser:
             src = self.sources[name]
             draft = _draft_costs(src, cap)
             means = np.array(src.acceptance(cap, None))
-            drawn = means + scale * (np.array(src.acceptance(cap, rng)) - means)
+            drawn = means if draw is None else means + scale * (np.array(src.acceptance(cap, draw)) - means)
             offers[name] = (drawn, draft, means)
             k, rate = self.best(drawn, draft, c, r)
             if k and rate > plan.rate:

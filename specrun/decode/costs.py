@@ -223,8 +223,9 @@ class CostModel:
             self.noise = (self.noise[0] + d * (x - mean), self.noise[1] + 1.0)
 
     def drawn(self, rng, n: int) -> np.ndarray:
-        """One draw of c(1..n) from its posterior (without ``rng``: the estimate itself). Every size moves with one common factor, each by its own
-        spread, between what a smaller verified batch costs and ``b`` single steps."""
+        """One draw of c(1..n) from its posterior (without ``rng``: the estimate itself). Every
+        size moves with one common factor, each by its own spread, between what a smaller
+        verified batch costs and ``b`` single steps."""
         est = self.table(n)
         if rng is None:
             return est
