@@ -138,8 +138,7 @@ class DFlashHead:
         self._pos = (ll.llama_pos * 4)()
         causal = str(_meta(self._model, "dflash.attention.causal")).lower() == "true"
         ll.llama_set_causal_attn(ctx, causal)  # a block's rows see each other, unless the file says otherwise
-        read_layer_inputs(target, self.layers, True)  # the target hands out these layers' inputs from now on
-        self._reading = True
+        read_layer_inputs(target, self, self.layers, True)  # the target hands out these layers' inputs from now on
         if self.kind == "dflash2" or self.confidence_head:  # the lattice (every row's), or the confidences (the outputs')
             ll_ext.llama_set_embeddings_nextn(ctx, True, self.kind != "dflash2")
         self.inject_s = 0.0  # seconds in injection decodes (and copying the target's rows)
@@ -303,9 +302,7 @@ class DFlashHead:
         _free_context(self)
         target = getattr(self, "target", None)
         if target is not None:
-            if getattr(self, "_reading", False):  # (once: a second close changes nothing)
-                read_layer_inputs(target, self.layers, False)
-                self._reading = False
+            read_layer_inputs(target, self, self.layers, False)
             if target.dflash is self:
                 target.dflash = None
         if self._model:

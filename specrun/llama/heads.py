@@ -465,18 +465,22 @@ def _eagle3_fn(name: str) -> ctypes._CFuncPtr:
     return _eagle3_fns[name]
 
 
-def read_layer_inputs(target: Model, layers: tuple[int, ...], on: bool) -> None:
-    """Start (``on``) or stop reading these layers' inputs from ``target``. A layer is handed
-    out from its first reader on and turned off only when its last reader stops, so closing one
-    head never blinds another that reads the same layer."""
+def read_layer_inputs(target: Model, reader: object, layers: tuple[int, ...], on: bool) -> None:
+    """``reader`` starts (``on``) or stops reading these layers' inputs from ``target``. A layer
+    is handed out from its first reader on and turned off only when its last reader stops, so
+    closing one head never blinds another that reads the same layer; stopping twice, or without
+    having started, changes nothing."""
     for lid in sorted(set(layers)):
-        n = target.layer_readers.get(lid, 0) + (1 if on else -1)
-        if n <= 0:
-            target.layer_readers.pop(lid, None)
+        readers = target.layer_readers.setdefault(lid, set())
+        was = bool(readers)
+        if on:
+            readers.add(id(reader))
         else:
-            target.layer_readers[lid] = n
-        if target._ctx and (n == 1 if on else n == 0):
-            _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, on)
+            readers.discard(id(reader))
+        if not readers:
+            del target.layer_readers[lid]
+        if target._ctx and was != bool(readers):
+            _eagle3_fn("llama_set_embeddings_layer_inp")(target._ctx, lid, bool(readers))
 
 
 class Eagle3Head(DraftHead):
@@ -523,8 +527,7 @@ class Eagle3Head(DraftHead):
             ll.llama_model_free(self._model)
             self._model = None
             raise
-        read_layer_inputs(target, self.layers, True)  # the target hands out these layers' inputs from now on
-        self._reading = True
+        read_layer_inputs(target, self, self.layers, True)  # the target hands out these layers' inputs from now on
         ll_ext.llama_set_embeddings_nextn(ctx, True, True)  # the encoder's g rows and the decoder's output states
         self.n_embd_target = int(ll.llama_model_n_embd(target._model))
         self._follow(target, ctx, len(self.layers) * self.n_embd_target, int(ll.llama_model_n_embd(self._model)))
@@ -569,9 +572,7 @@ class Eagle3Head(DraftHead):
 
     def close(self) -> None:
         super().close()
-        if getattr(self, "_reading", False):  # (once: a second close changes nothing)
-            read_layer_inputs(self.target, self.layers, False)
-            self._reading = False
+        read_layer_inputs(self.target, self, self.layers, False)
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None

@@ -161,7 +161,7 @@ class Model:
         self.dflash: Attached | None = None
         # how many attached heads read each layer's inputs (an EAGLE-3 head and a block drafter
         # may read the same layer): the target hands a layer out while anyone reads it
-        self.layer_readers: dict[int, int] = {}
+        self.layer_readers: dict[int, set[int]] = {}  # layer -> id() of each head reading it
         log.mark()
         mp, self._keep = _model_params(opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
