@@ -169,7 +169,9 @@ def main() -> int:
             """A specrun run's environment: None (the user's own store) but for the base checkout,
             which runs first on the path with its own copy of the store, and with --same-start,
             where every run gets a fresh copy of the snapshot."""
-            checkout = str(args.base.resolve()) if mode.startswith("specrun:base") else variants.get(mode.partition("@")[2])
+            checkout = str(args.base.resolve()) if mode.startswith("specrun:base") else None
+            if mode.startswith("specrun@"):  # (llama.cpp's TYPE@N and specrun's MODE@N are no variants)
+                checkout = variants[mode.removeprefix("specrun@")]
             if checkout is None and not args.same_start:
                 return None
             home = Path(tmp) / mode.replace(":", "-")
