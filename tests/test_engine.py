@@ -448,6 +448,31 @@ def test_a_lagging_draft_cache_costs_its_share_of_the_run_not_a_lock_out(loaded)
     assert src.cost(4) == pytest.approx(4e-3 + len(tokens) * 1e-3)  # nothing after it to share it with
 
 
+def test_a_catch_up_not_timed_yet_is_priced_as_the_targets_curve_prices_a_batch_and_lengths_price_at_once(loaded):
+    """Before its first catch-up is timed, a lagging draft's catch-up costs a draft step scaled
+    as the target's verify curve scales a batch: nearly free per token where a batch is (a GPU,
+    a memory-bound target), nearly a step per token where it is not. The chooser prices every
+    length in one call; each is what pricing it alone gives."""
+    from specrun.decode.sources import ModelSource
+    from specrun.decode.sources.model import Autoregressive
+
+    target, draft = loaded["target"], loaded["draft-copy"]
+    tokens = target.tokenize(PROMPTS[0] * 8)
+    steep = {b: 0.001 * b for b in (1, 2, 4, 8, 16, 32, 64)}
+    catch_up = {}
+    for name, curve in (("flat", FLAT), ("steep", steep)):
+        src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(curve)), 8)
+        src.per_token = 1e-3
+        draft.reset()
+        src.prepare(tokens, 8, 5)  # nothing after it to share the catch-up with: this round bears it whole
+        assert src.catch_up_per_token is None and src.lag > 2
+        catch_up[name] = (src.cost(4) - Autoregressive.cost(src, 4)) / src.lag
+        ks = np.arange(1, 9)
+        assert np.zeros(8) + src.cost(ks) == pytest.approx([src.cost(int(k)) for k in ks])
+    assert catch_up["flat"] < 0.1 * src.per_token  # a batch nearly free: so is a token of it
+    assert catch_up["steep"] == pytest.approx(src.per_token, rel=0.01)  # a batch of b costs b steps
+
+
 def test_a_draft_that_falls_behind_after_every_short_stretch_pays_each_catch_up_in_full(loaded):
     """Where the n-gram lookup takes most rounds, the draft's cache falls behind again a few
     rounds after each catch-up: a catch-up buys that stretch of rounds, not the rest of the run.

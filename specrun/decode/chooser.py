@@ -235,4 +235,4 @@ class Chooser:
 
 def _draft_costs(src: Source, cap: int) -> np.ndarray:
     """D(1..cap): the source's seconds to draft each length this round."""
-    return np.array([src.cost(k) for k in range(1, cap + 1)])
+    return np.zeros(cap) + src.cost(np.arange(1, cap + 1))

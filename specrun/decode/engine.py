@@ -447,10 +447,12 @@ class Engine:
                 self.chooser.observe_round(plan, rnd.draft_s + rnd.verify_s + rnd.sample_s)
                 stats.add(rnd)
                 stats.wall_s = now() - t_start
-                stats.idle_reason = self.chooser.idle_reason(stats)
+                if stats.n_rounds % 8 == 0:  # words for a stretch of rounds: worked out now and then
+                    stats.idle_reason = self.chooser.idle_reason(stats)
                 yield Step(emitted, min(r.accepted, len(emitted)), rnd, stats)
         finally:
             stats.wall_s = now() - t_start
+            stats.idle_reason = self.chooser.idle_reason(stats)
             stats.finish_reason = reason or "interrupted"
 
 

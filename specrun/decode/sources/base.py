@@ -13,7 +13,7 @@ is tried now and then and one that is known to lose is not, with no separate pro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,9 +29,6 @@ STORED_WEIGHT = 8.0  # what an earlier run stored counts as at most this many ob
 # run on other text overrules it within a few rounds (trades: a warm start, against carrying
 # another text's rates over); copy rates, which differ more between texts, count as a prior
 # (PRIOR_WEIGHT)
-UNTIMED = 0.5  # a cost not timed yet (a draft step, a catch-up's token), as a share of what it is
-# measured against (trades: trying an untimed source, against drafting on a cost that may be dear;
-# every source is timed at its first prompt, so this lasts one round at most)
 
 
 class Rate:
@@ -74,21 +71,22 @@ class RateTable:
         self.bins = [Rate() for _ in range(n)]
         self.first_prior = first_prior
 
-    def means(self) -> list[float]:
+    def means(self, k: int | None = None) -> list[float]:
+        """The first ``k`` bins' means (all, without ``k``)."""
         out, prior = [], self.first_prior
-        for r in self.bins:
+        for r in self.bins[:k]:
             prior = r.mean(prior)
             out.append(prior)
         return out
 
-    def draws(self, rng: np.random.Generator | None) -> list[float]:
-        """One draw of every bin (the means, without ``rng``). A bin leans on the *draw* of the
-        one before it, so a hopeful draw where data ends carries on past it: a source that may
-        be good gets tried at length, not one token at a time."""
+    def draws(self, rng: np.random.Generator | None, k: int | None = None) -> list[float]:
+        """One draw of each of the first ``k`` bins (the means, without ``rng``). A bin leans on
+        the *draw* of the one before it, so a hopeful draw where data ends carries on past it: a
+        source that may be good gets tried at length, not one token at a time."""
         if rng is None:
-            return self.means()
+            return self.means(k)
         out, prior = [], self.first_prior
-        for r in self.bins:
+        for r in self.bins[:k]:
             prior = min(1.0, max(0.0, r.draw(prior, rng)))
             out.append(prior)
         return out
@@ -133,8 +131,10 @@ class Source(Protocol):
         """a_1..a_k: the chance each position is accepted given the ones before were (a draw
         from their posteriors; without ``rng``, their means)."""
 
-    def cost(self, k: int) -> float:
-        """Seconds to draft k tokens this round (catching its cache up included)."""
+    def cost(self, k: Any) -> Any:
+        """Seconds to draft k >= 1 tokens this round (catching its cache up included); ``k`` may
+        be an array of lengths (the chooser prices them all at once): the same shape back, or
+        one number that holds for every length."""
 
     def propose(
         self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),

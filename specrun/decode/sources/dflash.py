@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specrun.decode.sources.base import UNTIMED
 from specrun.decode.sources.model import Autoregressive
 
 if TYPE_CHECKING:
@@ -66,10 +65,9 @@ class DFlashSource(Autoregressive):
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         return max(0, min(room, self.n_draft, len(self.positions.bins))) if self._fits(tokens) else 0
 
-    def cost(self, k: int) -> float:
-        if k <= 0:
-            return 0.0
-        block = self.first_s if self.first_s is not None else UNTIMED * self.verify.verify_cost(1)
+    def cost(self, k: Any) -> Any:
+        # before a block is timed (the prompt did not fit): as dear as a target's step
+        block = self.first_s if self.first_s is not None else self.verify.verify_cost(1)
         return block + (k - 1) * (self.per_token or 0.0)
 
     def _start(self, tokens: list[int]) -> tuple[np.ndarray | None, float, int]:

@@ -32,14 +32,14 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specrun.decode.costs import EWMA
+from specrun.decode.costs import CALIBRATION_SIZES, EWMA
 from specrun.decode.round import Proposal, Round, common_prefix
 from specrun.decode.sampling import Dist, Sampler, greedy_confidence
-from specrun.decode.sources.base import UNTIMED, Rate, RateTable
+from specrun.decode.sources.base import Rate, RateTable
 
 if TYPE_CHECKING:
     from specrun.decode.costs import CostModel
@@ -105,14 +105,13 @@ class Autoregressive:
     # --- the chooser's view ----------------------------------------------------------
 
     def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
-        return self.positions.draws(rng)[:k]
+        return self.positions.draws(rng, k)
 
     def token_cost(self) -> float:
-        return self.per_token if self.per_token is not None else UNTIMED * self.verify.verify_cost(1)
+        """A draft step's seconds; before it is timed (its prompt did not fit), a target's step."""
+        return self.per_token if self.per_token is not None else self.verify.verify_cost(1)
 
-    def cost(self, k: int) -> float:
-        if k <= 0:
-            return 0.0
+    def cost(self, k: Any) -> Any:
         step = self.token_cost()
         return (self.first_s if self.first_s is not None else step) + (k - 1) * step
 
@@ -318,13 +317,21 @@ class ModelSource(Autoregressive):
         self.left = max(1, left)
         return max(0, min(room, self.model.n_ctx - len(tokens), len(self.positions.bins)))
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: Any) -> Any:
         # a round's usual one or two new tokens are part of its first draft's cost; more is a
         # catch-up, paid once for the stretch of rounds it drafts before it falls behind again:
         # this round bears its share (k + 1 of the stretch's tokens)
-        d = self.token_cost()
-        catch = self.catch_up_per_token if self.catch_up_per_token is not None else UNTIMED * d
-        return super().cost(k) + (self.lag * catch * min(1.0, (k + 1) / min(self.left, self._stretch())) if self.lag > 2 else 0.0)
+        if self.lag <= 2:
+            return super().cost(k)
+        return super().cost(k) + self.lag * self._catch_up_token() * np.minimum(1.0, (k + 1) / min(self.left, self._stretch()))
+
+    def _catch_up_token(self) -> float:
+        """Seconds per token of a catch-up; before one is timed, a draft step scaled as the
+        target's verify curve scales a batch of the lag (the longest it measured at most)."""
+        if self.catch_up_per_token is not None:
+            return self.catch_up_per_token
+        b = min(self.lag, CALIBRATION_SIZES[-1])
+        return self.token_cost() * self.verify.verify_cost(b) / (b * self.verify.verify_cost(1))
 
     def _stretch(self) -> float:
         """The tokens its rounds are expected to bring between two catch-ups: as many as they

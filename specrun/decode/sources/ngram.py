@@ -30,6 +30,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +153,7 @@ class NgramSource:
         """Each kind's mean rate by copy-length bin, with this reply's copies (for `specrun costs`)."""
         return [rates for _, rates, _ in self._posterior()]
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: Any) -> float:
         return 0.0
 
     def propose(

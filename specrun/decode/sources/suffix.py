@@ -23,6 +23,7 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ class SuffixSource:
         prior = self.rate.mean(0.5)
         return [(h + PRIOR_WEIGHT * prior) / (c + PRIOR_WEIGHT) for h, c in self.counts[:k]]
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: Any) -> float:
         return 0.0
 
     def propose(
