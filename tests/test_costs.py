@@ -388,3 +388,37 @@ def test_only_measurements_are_stored_not_what_was_worked_out_from_them():
     stored = CostModel.from_json(cost.to_json())
     assert stored.verify_cost(2) == pytest.approx(1.3 * CPU[2])  # what was measured is kept
     assert stored.verify_cost(3) == pytest.approx(CPU[3])  # the rest is as it was
+
+
+def test_a_reference_dear_at_some_sizes_only_is_doubted_and_heals_between_the_sizes_verified():
+    """A curve stored on a busy machine is dear at some sizes only. Once the sizes verified in
+    this process moved from it each its own way, a size between two of them costs no more than
+    the straight line between them, and every size not verified is drawn less surely, so it gets
+    tried. A curve that drifted as a whole (a slower day) is not doubted: the same sizes move
+    together and keep its shape."""
+    sick = CostModel({b: v * 8 if b >= 6 else v for b, v in CPU.items()})
+    drifted = CostModel({b: v / 1.2 for b, v in CPU.items()})
+    for cost in (sick, drifted):
+        for _ in range(3):
+            for b in (1, 2, 3, 4, 5, 16):
+                cost.observe_verify(b, CPU[b])
+    assert sick.shape_doubt() > 0.5 and drifted.shape_doubt() == 0.0
+    assert sick.verify_cost(8) == pytest.approx(CPU[8], rel=0.3)  # not 8x, nor ~6x from the ratios' slope
+    assert drifted.verify_cost(8) == pytest.approx(CPU[8], rel=0.05)  # the reference's shape, moved as a whole
+    rng = np.random.default_rng(1)
+    spread = {id(c): np.log(np.array([c.drawn(rng, 32) for _ in range(300)]))[:, 23].std() for c in (sick, drifted)}
+    assert spread[id(sick)] > 2 * spread[id(drifted)]  # c(24), never verified: doubted where the shape was off
+
+
+def test_a_reference_found_too_dear_is_stored_as_healed_and_one_slow_round_moves_nothing_else():
+    sick = CostModel({b: v * 8 if b >= 6 else v for b, v in CPU.items()})
+    for _ in range(3):
+        sick.observe_verify(1, CPU[1])
+        sick.observe_verify(12, CPU[12])
+    stored = CostModel.from_json(sick.to_json())
+    assert stored.verify_cost(24) == pytest.approx(CPU[24], rel=0.15)  # never verified, stored healed
+    assert stored.verify_cost(32) == pytest.approx(CPU[32], rel=0.15)
+    slow = CostModel(dict(CPU))
+    slow.observe_verify(12, 1.3 * CPU[12])  # one slow round: the sizes near it are not stored dearer
+    stored = CostModel.from_json(slow.to_json())
+    assert stored.verify_cost(16) == pytest.approx(CPU[16]) and stored.verify_cost(8) == pytest.approx(CPU[8])

@@ -84,6 +84,10 @@ def main() -> int:
         print(f"next runs, poisoned store: {a:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in after)})")
         print(f"next runs, clean store:    {f:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in fresh)})")
         print(f"poisoned / clean: {a / f:.3f}x")
+        c, k = (json.loads((h / "costs.json").read_text()) for h in (clean, sick))
+        for key, entry in k.get("entries", k).items():
+            mine, theirs = entry["cost"]["verify"], c.get("entries", c)[key]["cost"]["verify"]
+            print("stored c(b), poisoned store / clean store: " + ", ".join(f"{b}: {mine[b] / theirs[b]:.2f}" for b in mine if b in theirs))
     return 0
 
 

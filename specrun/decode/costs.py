@@ -12,15 +12,20 @@ every round refines it:
 * a size not yet verified in this process follows the reference, scaled by how far the sizes
   that were verified have moved from it (interpolated between the nearest ones), and is never
   dearer than a larger batch that was. A stored curve that has drifted, or was measured on a
-  busy machine, heals from the sizes in use. Only measurements are stored, never these
-  estimates, so one slow round moves no size but its own in later runs;
+  busy machine, heals from the sizes in use. A size not verified is stored as the reference said,
+  or as the estimate where that is less (noise only adds time), so one slow round moves no size
+  but its own in later runs, while a reference found too dear heals for the next run too;
+* where the sizes verified moved from the reference each its own way (``shape_doubt``), a size
+  between two of them costs no more than the straight line between them;
 * a batch of ``b`` never costs more than ``b`` single steps, nor (``optimistic``) less than a
   smaller batch verified in this process;
 * ``drawn(rng)`` is one draw of the whole curve from its posterior, on a log scale, all
   sizes moved by one common factor, each by its own spread: a size the reference measured is as
   sure as one round of it (how far the machine drifted since is read off the sizes verified in
   this process, and the shape of a curve measured on this machine holds), and each round
-  verified narrows its spread as a mean of noisy timings does. How far one round strays from its
+  verified narrows its spread as a mean of noisy timings does. Where the sizes verified moved
+  from the reference each its own way, beyond one round's noise, its shape is in doubt, and every
+  size not verified is doubted by as much (``shape_doubt``). How far one round strays from its
   size's mean is itself measured: the pooled spread of the rounds of every size timed more than
   once (the calibration's repeats, then this process's rounds, and stored for the next run), with
   ``NOISE_SIGMA`` as its prior. A size nothing ever measured (longer than the reference's
@@ -174,6 +179,10 @@ class CostModel:
             # never dearer than a larger batch verified in this process
             above = np.minimum.accumulate(np.where(verified, seen, np.inf)[::-1])[::-1]
             est = np.minimum(est, np.append(above[1:], np.inf))
+            if self.shape_doubt() > 0:  # the reference's shape is off: between two sizes verified,
+                # no dearer than the straight line between them
+                inside = (b > sizes[0]) & (b < sizes[-1])
+                est = np.where(inside, np.minimum(est, np.interp(b, sizes, seen[verified])), est)
         else:
             est = ref
         est = np.where(verified, seen, est)
@@ -202,9 +211,23 @@ class CostModel:
         own = _after_rounds(counts, self.round_noise)
         verified = counts > 0
         measured = verified | ~np.isnan(_by_size(self.verify, n))
-        return np.minimum(
+        spread = np.minimum(
             _interpolated(own, verified), _interpolated(np.where(verified, own, _after_rounds(np.ones(n), self.round_noise)), measured)
         )
+        return np.where(verified, spread, np.hypot(spread, self.shape_doubt()))
+
+    def shape_doubt(self) -> float:
+        """How far the reference's shape is off, on a log scale: how much the sizes verified in
+        this process moved from it, each its own way, beyond what one round's noise explains (0
+        while they moved together, as a machine that drifted does). A reference measured on a
+        busy machine is dear at some sizes only; then every size not verified is doubted by as
+        much, so the draws try them and the curve heals."""
+        sizes = [b for b in self.n_seen if b in self.seen]
+        ref = _interp(self.verify, np.array(sizes, dtype=float))
+        if ref is None or len(sizes) < 2:
+            return 0.0
+        moved = np.log(np.array([self.seen[b] for b in sizes]) / ref)
+        return math.sqrt(max(0.0, float(np.var(moved)) - self.round_noise**2))
 
     @property
     def round_noise(self) -> float:
@@ -268,10 +291,15 @@ class CostModel:
             self.kernel_gap = calibrated.kernel_gap
 
     def measurements(self) -> dict[int, float]:
-        """What to store: each size's mean as verified in this process, else the reference it
-        started from. (An estimate worked out from other sizes is never stored as if measured:
-        one slow round would otherwise move every size near it, in every later run.)"""
-        return {b: self.seen[b] if b in self.seen else self.verify[b] for b in sorted(set(self.verify) | set(self.seen))}
+        """What to store: each size's mean as verified in this process; else the reference it
+        started from, or the estimate worked out from the sizes verified where that is less.
+        (Noise only adds time: sizes verified cheaper than the reference said show that it was
+        too dear, as a calibration on a busy machine leaves it, while a slow round never moves
+        a size but its own in later runs.)"""
+        est = self.table(max(self.verify, default=1))
+        return {
+            b: self.seen[b] if b in self.seen else min(self.verify[b], float(est[b - 1])) for b in sorted(set(self.verify) | set(self.seen))
+        }
 
     def to_json(self) -> dict:
         return {
