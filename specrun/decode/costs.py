@@ -150,6 +150,7 @@ class CostModel:
     # the estimates already worked out for the curve as it stands
     _memo: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False, compare=False)
     _memo_key: tuple = field(default=(), init=False, repr=False, compare=False)
+    _doubt: float = field(default=0.0, init=False, repr=False, compare=False)  # shape_doubt, with them
     _version: int = field(default=0, init=False, repr=False, compare=False)
 
     def table(self, n: int) -> np.ndarray:
@@ -158,6 +159,7 @@ class CostModel:
         key = (id(self.verify), len(self.verify), id(self.seen), len(self.seen), self._version)
         if key != self._memo_key or len(self._memo) < n:
             self._memo_key = key
+            self._doubt = self._work_out_doubt()
             self._memo = self._estimates(max(n, 64, *self.seen, *self.verify))
         return self._memo[:n]
 
@@ -179,7 +181,7 @@ class CostModel:
             # never dearer than a larger batch verified in this process
             above = np.minimum.accumulate(np.where(verified, seen, np.inf)[::-1])[::-1]
             est = np.minimum(est, np.append(above[1:], np.inf))
-            if self.shape_doubt() > 0:  # the reference's shape is off: between two sizes verified,
+            if self._doubt > 0:  # the reference's shape is off: between two sizes verified,
                 # no dearer than the straight line between them
                 inside = (b > sizes[0]) & (b < sizes[-1])
                 est = np.where(inside, np.minimum(est, np.interp(b, sizes, seen[verified])), est)
@@ -221,7 +223,12 @@ class CostModel:
         this process moved from it, each its own way, beyond what one round's noise explains (0
         while they moved together, as a machine that drifted does). A reference measured on a
         busy machine is dear at some sizes only; then every size not verified is doubted by as
-        much, so the draws try them and the curve heals."""
+        much, so the draws try them and the curve heals. Worked out once for the curve as it
+        stands, with the estimates."""
+        self.table(1)
+        return self._doubt
+
+    def _work_out_doubt(self) -> float:
         sizes = [b for b in self.n_seen if b in self.seen]
         ref = _interp(self.verify, np.array(sizes, dtype=float))
         if ref is None or len(sizes) < 2:
