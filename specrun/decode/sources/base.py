@@ -13,7 +13,7 @@ is tried now and then and one that is known to lose is not, with no separate pro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class Source(Protocol):
         """a_1..a_k: the chance each position is accepted given the ones before were (a draw
         from their posteriors; without ``rng``, their means)."""
 
-    def cost(self, k: Any) -> Any:
+    def cost(self, k: int | np.ndarray) -> float | np.ndarray:
         """Seconds to draft k >= 1 tokens this round (catching its cache up included); ``k`` may
         be an array of lengths (the chooser prices them all at once): the same shape back, or
         one number that holds for every length."""

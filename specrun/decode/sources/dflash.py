@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -65,7 +65,7 @@ class DFlashSource(Autoregressive):
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         return max(0, min(room, self.n_draft, len(self.positions.bins))) if self._fits(tokens) else 0
 
-    def cost(self, k: Any) -> Any:
+    def cost(self, k: int | np.ndarray) -> float | np.ndarray:
         # before a block is timed (the prompt did not fit): as dear as a target's step
         block = self.first_s if self.first_s is not None else self.verify.verify_cost(1)
         return block + (k - 1) * (self.per_token or 0.0)

@@ -32,7 +32,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class Autoregressive:
         """A draft step's seconds; before it is timed (its prompt did not fit), a target's step."""
         return self.per_token if self.per_token is not None else self.verify.verify_cost(1)
 
-    def cost(self, k: Any) -> Any:
+    def cost(self, k: int | np.ndarray) -> float | np.ndarray:
         step = self.token_cost()
         return (self.first_s if self.first_s is not None else step) + (k - 1) * step
 
@@ -317,7 +317,7 @@ class ModelSource(Autoregressive):
         self.left = max(1, left)
         return max(0, min(room, self.model.n_ctx - len(tokens), len(self.positions.bins)))
 
-    def cost(self, k: Any) -> Any:
+    def cost(self, k: int | np.ndarray) -> float | np.ndarray:
         # a round's usual one or two new tokens are part of its first draft's cost; more is a
         # catch-up, paid once for the stretch of rounds it drafts before it falls behind again:
         # this round bears its share (k + 1 of the stretch's tokens)

@@ -30,7 +30,6 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -153,7 +152,7 @@ class NgramSource:
         """Each kind's mean rate by copy-length bin, with this reply's copies (for `specrun costs`)."""
         return [rates for _, rates, _ in self._posterior()]
 
-    def cost(self, k: Any) -> float:
+    def cost(self, k: int | np.ndarray) -> float:
         return 0.0
 
     def propose(

@@ -23,7 +23,6 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -163,7 +162,7 @@ class SuffixSource:
         prior = self.rate.mean(0.5)
         return [(h + PRIOR_WEIGHT * prior) / (c + PRIOR_WEIGHT) for h, c in self.counts[:k]]
 
-    def cost(self, k: Any) -> float:
+    def cost(self, k: int | np.ndarray) -> float:
         return 0.0
 
     def propose(
