@@ -374,3 +374,34 @@ def test_bench_runs_the_drafter_beside_plain_decoding(tiny, drafters, tmp_path, 
     assert list(overall) == ["none", "dflash"] and overall["dflash"]["identical_to_plain"] is True
     drafting = {k: v for k, v in overall["dflash"]["by_source"].items() if v["drafted"]}
     assert list(drafting) == ["dflash"] and drafting["dflash"]["drafted"] == overall["dflash"]["drafted"] > 0
+
+
+def test_a_block_drafter_put_beside_the_target_is_found_and_drafts(tiny, drafters, tmp_path, capsys):
+    """As llama.cpp looks for one: a ``dflash*.gguf`` or ``dspark*.gguf`` (any case) in the
+    target's folder, made for this target by its header, is the draft of ``--draft hybrid`` (the
+    default) and ``--draft dflash`` with no ``-d``, and ``drafts`` lists it. One made for another
+    target, or not so named, is left alone; a ``-d`` given wins."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    target = folder / "target.gguf"
+    target.symlink_to(tiny["target"])
+    (folder / "dflash-wide.gguf").symlink_to(drafters["dflash-wide"])  # for a wider target
+    (folder / "notes.gguf").symlink_to(drafters["dspark"])  # not named as a drafter
+    base = ["generate", "-m", str(target), "-t", "1", "-p", PROMPTS[1], "-n", "32", "--json"]
+    code, out, err = cli([*base, "--draft", "dflash"], capsys)
+    assert code == EXIT_USAGE and "no block drafter for" in one_line(err)
+
+    (folder / "DSpark-Tiny.gguf").symlink_to(drafters["dspark"])
+    code, out, err = cli([*base, "--draft", "dflash", "--draft-max", str(K), "--fixed"], capsys)
+    assert code == 0, err
+    found = json.loads(out)
+    assert "DSpark-Tiny.gguf" in err and found["stats"]["by_source"]["dflash"]["rounds"] > 0
+    code, out, err = cli(base, capsys)  # hybrid, the default
+    assert code == 0 and "DSpark-Tiny.gguf" in err and json.loads(out)["tokens"] == found["tokens"]
+    code, out, err = cli([*base, "-d", str(drafters["dflash"])], capsys)
+    assert code == 0 and "DSpark-Tiny.gguf" not in err and "dflash.gguf" in err
+
+    code, out, _ = cli(["drafts", str(target), "--json"], capsys)
+    listed = json.loads(out)
+    assert [d["refs"] for d in listed["drafts"]] == [["DSpark-Tiny.gguf"]]
+    assert ["dflash-wide.gguf"] in [c["refs"] for c in listed["cannot_draft"]]

@@ -10,6 +10,7 @@ from specrun.cli.common import JsonOpt, RegistryOpt, load_registry, print_json, 
 from specrun.cli.display import drafts_table
 from specrun.errors import EXIT_FAIL, UsageError
 from specrun.models.discovery import drafts_for
+from specrun.run.session import as_given
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +28,8 @@ def register(app: typer.Typer) -> None:
         cannot draft. Reads headers only; a fingerprint cache keeps repeat runs fast.
 
         A target that carries its own MTP heads lists them first: they are its best free draft
-        (`--draft mtp`).
+        (`--draft mtp`). A block drafter put beside the target (`dflash*.gguf`, `dspark*.gguf`)
+        is listed too: `--draft hybrid` (the default) drafts with it when no -d is given.
 
         Exit codes: 0 at least one draft found (the heads count); 1 none; 3 the target cannot be read.
         """
@@ -35,7 +37,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"-c/--ctx must be >= 1, got {ctx}", "pass a positive context length")
         reg = load_registry(registry)
         t = require_file(reg.resolve(model))
-        report = drafts_for(reg, t.path, t.label, ctx)
+        report = drafts_for(reg, t.path, t.label, ctx, given=as_given(model, t))
         if json_out:
             print_json(report.to_json())
         else:

@@ -21,6 +21,7 @@ it in milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -128,6 +129,17 @@ BLOCK_KINDS = {"dspark": "markov_w1.weight", "dflash2": "selector_hidden.weight"
 BLOCK_NAMES = {"dflash": "DFlash", "dspark": "DSpark", "dflash2": "DFlash2"}
 DEFAULT_BLOCK = 16  # dflash.block_size where a file has none, as llama.cpp's loop assumes
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # each required, > 0
+BESIDE = ("dflash", "dspark")  # a block drafter put beside its target is named so (any case), as llama.cpp looks for one
+
+
+def named_beside(target: Path) -> list[Path]:
+    """The GGUF files in ``target``'s folder named as block drafters are (``dflash*.gguf``,
+    ``dspark*.gguf``), in name order; their headers say whether they are, and for which target.
+    None where the folder cannot be read."""
+    try:
+        return sorted(p for p in target.parent.iterdir() if p.suffix.lower() == ".gguf" and p.name.lower().startswith(BESIDE))
+    except OSError:
+        return []
 
 
 @dataclass(frozen=True)

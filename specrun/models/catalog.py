@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -249,11 +250,13 @@ class Catalog:
     headers_read: int = 0
 
 
-def build_catalog(registry: Registry, roots: StoreRoots, cache: SummaryCache, limits: ScanLimits | None = None) -> Catalog:
-    """Every GGUF in the registry and the stores, one row per file (hard links and symlinks
-    to one file are one row), summarized through ``cache``."""
+def build_catalog(
+    registry: Registry, roots: StoreRoots, cache: SummaryCache, limits: ScanLimits | None = None, extra: Sequence[Found] = ()
+) -> Catalog:
+    """Every GGUF in the registry and the stores (and ``extra``), one row per file (hard links
+    and symlinks to one file are one row), summarized through ``cache``."""
     limits = limits or ScanLimits()
-    found: list[Found] = []
+    found: list[Found] = list(extra)
     for e in registry.entries.values():
         try:
             p = registry.locate(e)

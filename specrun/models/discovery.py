@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from specrun.fit.memory import ModelMemory, estimate_local
-from specrun.gguf.heads import Heads
+from specrun.gguf.heads import Heads, named_beside
 from specrun.gguf.vocabulary import Compatibility, check_vocab
 from specrun.models.catalog import Catalog, Known, Summary, SummaryCache, build_catalog
 from specrun.models.registry import Registry
+from specrun.models.stores import Found
 
 
 @dataclass
@@ -99,11 +100,14 @@ class DraftReport:
         }
 
 
-def drafts_for(registry: Registry, target: Path, label: str, n_ctx: int = 4096) -> DraftReport:
-    """Every GGUF the registry and the stores know, checked as a draft for ``target``."""
+def drafts_for(registry: Registry, target: Path, label: str, n_ctx: int = 4096, given: Path | None = None) -> DraftReport:
+    """Every GGUF the registry and the stores know, checked as a draft for ``target``, and the
+    block drafters put beside it (as ``--draft hybrid`` finds one; beside ``given``, the path
+    the user named, where that is a link to ``target``)."""
     start = time.perf_counter()
     cache = SummaryCache(registry.roots.cache_dir)
-    report = find_drafts(target, label, build_catalog(registry, registry.roots, cache), cache, n_ctx)
+    extra = [Found(p.name, "beside the target", p) for p in named_beside(given or target)]
+    report = find_drafts(target, label, build_catalog(registry, registry.roots, cache, extra=extra), cache, n_ctx)
     report.seconds = time.perf_counter() - start
     report.headers_read = cache.read
     return report

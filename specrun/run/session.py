@@ -24,7 +24,7 @@ from specrun.fit.memory import Dev
 from specrun.fit.placement import Placement, describe, fit
 from specrun.gguf.architecture import require_loadable
 from specrun.gguf.facts import ModelInfo, model_info
-from specrun.gguf.heads import HEAD_FILE_ARCHS, Heads, head_file_of, heads_of
+from specrun.gguf.heads import HEAD_FILE_ARCHS, Heads, head_file_of, heads_of, named_beside
 from specrun.gguf.vocabulary import check_vocab
 from specrun.models.registry import Registry, Resolved
 from specrun.run.config import PairConfig
@@ -99,7 +99,13 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
         return target, None, settings
     draft = None
     if settings.mode == "mtp" or {"model", "eagle3", "dflash"} & set(settings.sources):  # (mtp: an assistant is given)
-        d = reg.resolve(draft_model) if draft_model else reg.default_draft(target)
+        d: Resolved | None
+        if draft_model:
+            d = reg.resolve(draft_model)
+        elif "dflash" in settings.sources and (found := beside(as_given(model, target), t_info)):
+            d = Resolved(found[0])  # a block drafter the user put beside the target: theirs, before the registry's
+        else:
+            d = reg.default_draft(target)
         if d is None:
             if settings.mode in ("model", "eagle3", "dflash"):
                 what = {"eagle3": "EAGLE-3 head", "dflash": "block drafter"}.get(settings.mode, "draft model")
@@ -112,6 +118,27 @@ def resolve_pair(reg: Registry, model: str, draft_model: str | None, settings: S
             draft = require_file(d)
             _check_draft_kind(t_info, target, draft, settings)
     return target, draft, settings if draft is not None else settings.without_draft_model(heads.usable)
+
+
+def as_given(model: str, target: Resolved) -> Path:
+    """The target's file where the user put it: a path given is looked beside as given (a link
+    into a store's blobs, as Hugging Face's cache makes, is not followed)."""
+    given = Path(model).expanduser()
+    return given.absolute() if given.is_file() else target.path
+
+
+def beside(target: Path, t_info: ModelInfo) -> list[Path]:
+    """The block drafters in the target's folder (``named_beside``) that can draft for it, by
+    their headers."""
+    found = []
+    for path in named_beside(target):
+        try:
+            head = head_file_of(model_info(path))
+        except (InputError, OSError):
+            continue  # unreadable: -d names it to hear why
+        if head is not None and head.source == "dflash" and head.mismatch(t_info) is None:
+            found.append(path)
+    return found
 
 
 # what -d must be, by mode
