@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specrun.decode.chooser import Plan
-from specrun.decode.costs import EWMA, CostModel
+from specrun.decode.costs import CALIBRATION_SIZES, EWMA, CostModel
 from specrun.decode.engine import Engine, Settings, speculative_round
 from specrun.decode.learned import Learned
 from specrun.decode.sampling import Sampler
@@ -22,6 +22,11 @@ PROMPTS = [
 ]
 # a cost model that makes the adaptive chooser draft: verifying is nearly free
 FLAT = {b: 0.001 * (1 + 0.01 * b) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)}
+# a draft model's stored acceptance by position: every draft of 8 earlier rounds kept
+ACCEPTED = {"hits": [8.0] * 8, "n": [8.0] * 8}
+# a verify as flat as FLAT, of a target so slow that a measured tiny draft step is cheap beside it,
+# however busy the machine
+SLOW = {b: 1.0 + 0.01 * b for b in FLAT}
 
 
 @pytest.fixture(scope="module")
@@ -460,7 +465,7 @@ def test_a_catch_up_not_timed_yet_is_priced_as_the_targets_curve_prices_a_batch_
     tokens = target.tokenize(PROMPTS[0] * 8)
     steep = {b: 0.001 * b for b in (1, 2, 4, 8, 16, 32, 64)}
     catch_up = {}
-    for name, curve in (("flat", FLAT), ("steep", steep)):
+    for name, curve in (("flat", SLOW), ("steep", steep)):
         src = ModelSource(draft, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(curve)), 8)
         src.per_token = 1e-3
         draft.reset()
@@ -510,10 +515,10 @@ def test_a_draft_that_falls_behind_after_every_short_stretch_pays_each_catch_up_
 def test_a_new_prompt_is_prefilled_into_the_draft_cache_whatever_the_last_run_left_behind(loaded):
     """A run whose last rounds were the n-gram's or plain ones leaves the draft's cache behind,
     owing a catch-up. That is no cost of the next prompt, which is prefilled into the draft's
-    cache whenever the draft could pay (else its first draft catches the whole prompt up, at a
+    cache wherever the draft pays (else its first draft catches the whole prompt up, at a
     price shared over a run that may not be there to share it)."""
     target, draft = loaded["target"], loaded["draft-copy"]
-    learned = Learned(CostModel(dict(FLAT)), {"model": {"per_token": 1e-4, "catch_up_per_token": 1e-3}})
+    learned = Learned(CostModel(dict(SLOW)), {"model": {"per_token": 1e-4, "catch_up_per_token": 1e-3, "positions": ACCEPTED}})
     e = Engine(target, draft, Settings("hybrid"), Sampler(0.0), learned=learned)
     first = target.tokenize(PROMPTS[0], add_special=True)
     e.prefill(first)
@@ -522,3 +527,26 @@ def test_a_new_prompt_is_prefilled_into_the_draft_cache_whatever_the_last_run_le
     nxt = target.tokenize(PROMPTS[2], add_special=True)
     e.prefill(nxt)
     assert draft.tokens == nxt[:-1]
+
+
+def test_a_prompt_waits_for_the_draft_models_prefill_only_where_the_draft_model_pays(loaded):
+    """Where the draft model does not beat plain decoding at its means (here a verify of b tokens
+    costs b steps, so no draft can), a prompt longer than the draft step's timing needs is not
+    prefilled into its cache: a long prompt would wait for a model that never drafts. Where it
+    pays (a flat verify), it is. The reply is the same either way."""
+    target, draft = loaded["target"], loaded["draft-copy"]
+    steep = {b: 1.0 * b for b in SLOW}
+    text = " ".join(PROMPTS[:2]) * 3
+    prompt = target.tokenize(text, add_special=True)
+    assert len(prompt) > CALIBRATION_SIZES[-1] + 1  # longer than a draft step is timed past
+    plain_out = generate(target, None, Settings("none"), text)[0]
+    filled = {}
+    for name, curve in (("flat", SLOW), ("steep", steep)):
+        draft.reset()
+        learned = Learned(CostModel(dict(curve)), {"model": {"per_token": 1e-4, "positions": ACCEPTED}})
+        e = Engine(target, draft, Settings("hybrid"), Sampler(0.0), learned=learned)
+        assert [t for step in e.generate(prompt, 48) for t in step.tokens] == plain_out
+        e.prefill(prompt)
+        filled[name] = draft.n_past
+    assert filled["flat"] == len(prompt) - 1
+    assert filled["steep"] < len(prompt) - 1

@@ -197,10 +197,11 @@ class Chooser:
                 top = max(top, self.best(acc, _draft_costs(src, len(acc)), self.cost.table(len(acc) + 1), self.cost.rollback_s, True)[1])
         return top
 
-    def could_pay(self, src: Source, cap: int) -> bool:
-        """Could ``src`` beat plain decoding if every draft were accepted? (Else it never drafts,
-        and its cache need not be kept up.)"""
-        return self.best(np.ones(cap), _draft_costs(src, cap), self.cost.table(cap + 1), 0.0)[0] > 0
+    def pays(self, src: Source, cap: int) -> bool:
+        """Does ``src`` beat plain decoding at the means of its acceptance, its cache caught up?
+        (Else a prompt does not wait to bring its cache up: see ``ModelSource.begin``.)"""
+        acc = np.array(src.acceptance(cap, None))
+        return self.best(acc, _draft_costs(src, len(acc)), self.cost.table(len(acc) + 1), self.cost.rollback_s)[0] > 0
 
     def observe_ties(self, checked: int, ties: int) -> None:
         """A greedy round checked ``checked`` rows for a near-tie and found ``ties`` (the last

@@ -298,7 +298,7 @@ class Engine:
         return len(todo) + 1  # the pending last token is evaluated by the first round
 
     def _may_draft(self, src: Source) -> bool:
-        return self.settings.fixed or self.chooser.could_pay(src, self.settings.draft_max)
+        return self.settings.fixed or self.chooser.pays(src, self.settings.draft_max)
 
     def reseed(self, seed: int | None) -> None:
         """Restart the random stream (a request's own seed, say); the draft model shares it."""

@@ -119,8 +119,8 @@ class Source(Protocol):
     name: str
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        """A new prompt (its last token pending); ``may_draft()``: could the chooser ever use
-        it (asked once the source knows its own costs)?"""
+        """A new prompt (its last token pending); ``may_draft()``: is it expected to beat plain
+        decoding, at the means (asked once the source knows its own costs)?"""
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         """Get ready to draft after ``tokens``; the most tokens it can offer this round (at most

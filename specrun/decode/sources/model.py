@@ -290,16 +290,19 @@ class ModelSource(Autoregressive):
         self.since_catch_up = 0  # ... and since the last one (or the prompt)
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        """Once in a process, time a draft step where drafting happens: at the end of the
-        prompt, its cache filled. A stored time is only a prior (one from a busy day would price
-        the draft model out, and a draft never tried is never timed again), and a step at an
-        empty cache is the cheapest there is (a 0.5B's step at 400 tokens of context costs a
-        quarter more than at none). Then, if it could ever pay (``may_draft``), prefill the cache
-        as the target's, so that its first draft need not catch up the whole prompt."""
-        self.lag = 0  # the last prompt's lag is no cost of this one: the cache is brought up to it below
+        """Once in a process, time a draft step (a stored time is only a prior: one from a busy
+        day would price the draft model out, and a draft never tried is never timed again)
+        past the prompt's first tokens, no more than the longest batch the verify curve is
+        measured at (a step into a nearly empty cache can take hundreds of times as long; one
+        deep in a long prompt costs a little more than there). Then, where the draft model is
+        expected to pay (``may_draft``), prefill its cache as the target's, so that its first
+        draft need not catch up the whole prompt. Elsewhere (a compute-bound target, where it
+        seldom drafts) the prompt does not wait for it: a round that drafts from it catches its
+        cache up then, at a price the chooser weighs (``cost``)."""
+        self.lag = 0  # the last prompt's lag is no cost of this one (``prepare`` measures this one's)
         self.since_catch_up = 0  # a stretch starts with the prompt (a reply's end cut the last one short)
         if not self.timed and len(prompt) < self.model.n_ctx:
-            self._fill(prompt)
+            self._fill(prompt[: CALIBRATION_SIZES[-1] + 1])
             self.retime(self.measure_token_cost(prompt[-1]))
             self.timed = True
         if may_draft():
