@@ -179,13 +179,13 @@ def test_the_cache_round_trips_atomically_and_never_stores_a_key(tmp_path):
     cache, said = cache_in(tmp_path)
     cache.keep_saving(store)
     cache.close()
-    assert said == [f"suffix cache: 1 replies saved to {tmp_path / CACHE_FILE}"]
+    assert said == [f"suffix cache: 1 reply saved to {tmp_path / CACHE_FILE}"]
     assert [p.name for p in tmp_path.iterdir()] == [CACHE_FILE]  # no temporary file left behind
     text = (tmp_path / CACHE_FILE).read_text()
     assert "secret-key" not in text and "alice" not in text and tenant("secret-key", "alice") in text
     again = Suffixes(cap=10**6)
     line = cache_in(tmp_path)[0].load(again)
-    assert line == f"suffix cache: 1 earlier replies from {tmp_path / CACHE_FILE}" and again.replies() == store.replies()
+    assert line == f"suffix cache: 1 earlier reply from {tmp_path / CACHE_FILE}" and again.replies() == store.replies()
 
 
 def test_a_cache_for_another_vocabulary_or_corrupt_is_one_warning_and_an_empty_start(tmp_path):

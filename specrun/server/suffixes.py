@@ -190,7 +190,7 @@ class SuffixCache:
             return f"warning: suffix cache {self.file} {e}; starting without it (it is replaced at the next save)"
         dropped = store.restore(replies)
         left = f"; the {dropped} oldest left out, over {{suffix_mb}}" if dropped else ""
-        return f"suffix cache: {len(replies) - dropped} earlier replies from {self.file}{left}"
+        return f"suffix cache: {_replies(len(replies) - dropped, 'earlier ')} from {self.file}{left}"
 
     def _read(self, cap: int) -> list[tuple[str, int, list[int]]]:
         try:
@@ -280,4 +280,8 @@ class SuffixCache:
             self._thread.join()
         store.on_kept = None
         if self._try_save(store):
-            self.notice(f"suffix cache: {len(store)} replies saved to {self.file}")
+            self.notice(f"suffix cache: {_replies(len(store))} saved to {self.file}")
+
+
+def _replies(n: int, kind: str = "") -> str:
+    return f"{n} {kind}{'reply' if n == 1 else 'replies'}"
