@@ -210,6 +210,17 @@ def test_a_cache_for_another_vocabulary_or_corrupt_is_one_warning_and_an_empty_s
         assert len(fresh) == 0
 
 
+@pytest.mark.parametrize("replies, saves", [(SAVE_EVERY - 1, 1), (SAVE_EVERY, 2)])  # (two due at once may make one save)
+def test_the_cache_is_saved_every_so_many_replies_and_at_the_stop(tmp_path, replies, saves):
+    store = Suffixes(cap=10**6)
+    cache, _ = cache_in(tmp_path)
+    cache.keep_saving(store)
+    for i in range(replies):
+        store.add(tenant(None, None), list(range(i, i + 10)))
+    cache.close()  # (a save that came due before it is made before it)
+    assert cache.saves == saves and len(cache_in(tmp_path)[0]._read(store.cap)) == replies
+
+
 def test_an_unwritable_cache_warns_once_and_keeps_serving(tmp_path):
     store = Suffixes(cap=10**6)
     cache, said = cache_in(tmp_path / "gone")

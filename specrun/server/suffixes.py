@@ -159,8 +159,9 @@ class SuffixCache:
         self.file = folder / CACHE_FILE
         self.vocabulary, self.n_vocab, self.notice = vocabulary, n_vocab, notice
         self._wake = threading.Event()
-        self._stopping = False
+        self._stopping = self._due = False
         self._kept = 0
+        self.saves = 0  # made so far
         self._save_lock = threading.Lock()
         self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -235,6 +236,7 @@ class SuffixCache:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, self.file)
+                self.saves += 1
             finally:
                 tmp.unlink(missing_ok=True)
 
@@ -248,15 +250,18 @@ class SuffixCache:
     def _kept_one(self) -> None:
         self._kept += 1  # (a lost increment under a race only delays a save)
         if self._kept % SAVE_EVERY == 0:
+            self._due = True
             self._wake.set()
 
     def _run(self, store: Suffixes) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()
+            if self._due:  # (before stopping: a save that came due is made, also at a stop)
+                self._due = False
+                self._try_save(store)
             if self._stopping:
                 return
-            self._try_save(store)
 
     def _try_save(self, store: Suffixes) -> bool:
         try:
