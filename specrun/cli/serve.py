@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from specrun.cli.display import request_line
 from specrun.cli.options import ALL, Options, flag_name, shared
 from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM, UsageError, render
 from specrun.run.session import OpenPair, cost_store, open_engine
+
+if TYPE_CHECKING:
+    from specrun.server.suffixes import SuffixCache, Suffixes
 
 MAX_BODY = 4 << 20
 SUFFIX_MB = 64.0  # the tenants' earlier replies, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
@@ -104,7 +107,7 @@ class SuffixPlan:
         if self.corpus is not None:
             corpus.check(self.corpus)
 
-    def open(self, pair: OpenPair, say: Callable[[str], None]):
+    def open(self, pair: OpenPair, say: Callable[[str], None]) -> tuple[Suffixes | None, SuffixCache | None]:
         """The store (None: ``mb`` 0), with the corpus read and the cache loaded, and the cache
         (None: none), already saving."""
         from specrun.models.catalog import fingerprint
