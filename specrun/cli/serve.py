@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from specrun.server.suffixes import SuffixCache, Suffixes
 
 MAX_BODY = 4 << 20
-SUFFIX_MB = 64.0  # the tenants' earlier replies, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
+SUFFIX_MB = 64.0  # the tenants' earlier replies and the corpus, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
 
 
 class TerminalView:
@@ -178,7 +178,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--suffix-mb",
                 min=0.0,
-                help="Memory for earlier replies, kept per API key and user to draft the next ones from (the oldest go first); 0: none kept.",
+                help="Memory for earlier replies, kept per API key and user to draft the next ones from (the oldest go first), and for the --suffix-corpus; 0: none kept.",
             ),
         ] = SUFFIX_MB,  # fmt: skip
         suffix_cache: Annotated[
@@ -211,7 +211,8 @@ def register(app: typer.Typer) -> None:
         Exit codes: 143 after SIGTERM, 130 after SIGINT (in-flight streams end first, with
         finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
         used; 2 usage error (a --suffix-cache folder that cannot be written, too); 3 unreadable
-        model or registry, or a --suffix-corpus folder with no text file to read.
+        model or registry, or a --suffix-corpus folder that is missing, unreadable or holds no
+        text file.
         """
         from specrun.server.run import listen
 
