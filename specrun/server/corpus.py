@@ -13,6 +13,7 @@ the corpus past half of the suffix cap; the start line says how much was read.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def _candidates(root: Path) -> Iterator[Path]:
                 st = path.lstat()
             except OSError:
                 continue
-            if path.is_symlink() or not path.is_file() or st.st_size > MAX_FILE:
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE:  # (lstat: a link is not a regular file)
                 continue
             yield path
 
