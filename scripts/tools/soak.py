@@ -1,11 +1,20 @@
-"""Soak: many chat turns in one process; RSS growth after warm-up and llama_batch leaks.
+"""Soak: many chat turns in one process; RSS growth after warm-up and llama_batch leaks; and
+many requests through a real `specrun serve`, whose suffix sources must stay under their cap.
 
-    python scripts/tools/soak.py [--tiny-turns 300] [--demo-turns 30] [--json]
+    python scripts/tools/soak.py [--tiny-turns 300] [--demo-turns 30] [--serve-requests 1000] [--json]
 
 Tiny models are generated into a temporary folder; the demo pair is read from
 ${SPECRUN_MODELS_DIR:-~/.cache/specrun/models} (skipped with a note if missing).
 Pass: RSS growth after warm-up under 50 MB in each phase, and no llama_batch left
 allocated after the models are closed.
+
+The serve phase (``--serve-requests N``, 0 to leave it out) starts `specrun serve` on the tiny
+target (127.0.0.1, a free port) with a small ``--suffix-mb``, a corpus of text files and a
+suffix cache, and sends N completions through the `openai` client, as 8 tenants (API keys and
+users) asking recurring questions; after every request it reads /metrics. Pass: the suffix
+sources' held bytes never above the cap, RSS growth after warm-up under 50 MB, and after a
+restart on the same cache, what is loaded under the cap too. It prints what each origin (the
+tenant's replies, the corpus) drafted and had accepted.
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tiny_models
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, serve_helpers
 
 from specrun import llama  # noqa: E402
 from specrun.decode.costs import CostModel  # noqa: E402
@@ -97,10 +107,91 @@ def phase(name: str, target: Path, draft: Path, turns: int, n_predict: int, ctx:
     }
 
 
+SERVE_MB = 0.25  # --suffix-mb: 1,024 tokens as counted, about 30 replies beside the corpus's half
+SERVE_TOKENS = 16
+SERVE_WARMUP = 100
+
+
+def serve_phase(target: Path, requests: int, home: Path) -> dict:
+    """``requests`` completions through a real `specrun serve` with a small suffix cap."""
+    from openai import OpenAI
+    from serve_helpers import Server
+    from tiny_models import CORPUS
+
+    cap = int(SERVE_MB * 2**20)
+    corpus, cache = home / "corpus", home / "suffix-cache"
+    corpus.mkdir(parents=True)
+    paragraphs = [p for p in CORPUS.split("\n\n") if p.strip()]
+    for i, text in enumerate(paragraphs):  # more than half the cap holds: reading stops, and says so
+        (corpus / f"part{i:02}.txt").write_text(text, encoding="utf-8")
+    args = ["-m", str(target), "-t", "1", "-c", "512", "--quiet", "--suffix-mb", str(SERVE_MB)]
+    args += ["--suffix-corpus", str(corpus), "--suffix-cache", str(cache)]
+    env = {"PYTHONPATH": str(ROOT)}  # the server runs this checkout's specrun
+    server = Server(args, home, env=env)
+    proc = psutil.Process(server.proc.pid)
+    held, base, samples, errors = [], None, [], []
+    try:
+        clients = [OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=f"key-{k}", max_retries=0, timeout=120) for k in range(4)]
+        for i in range(requests):
+            if i == SERVE_WARMUP:
+                base = proc.memory_info().rss / 2**20
+            client, user = clients[i % 4], f"user-{i % 8 // 4}"  # 8 tenants
+            prompt = f"{MESSAGES[i % len(MESSAGES)]} ({i % 40})"  # each tenant's questions come back
+            try:
+                r = client.completions.create(model=target.name, prompt=prompt, max_tokens=SERVE_TOKENS, temperature=0, user=user)
+                assert r.choices[0].text is not None
+            except Exception as e:  # counted, not fatal: the figures say how many
+                errors.append(f"{i}: {type(e).__name__}: {e}")
+            held.append(server.metrics()["specrun_suffix_bytes"])
+            if i % 50 == 0:
+                samples.append(round(proc.memory_info().rss / 2**20, 1))
+        end = proc.memory_info().rss / 2**20
+        m = server.metrics()
+    finally:
+        rc = server.stop()
+    restarted = Server(args, home, env=env)
+    try:
+        loaded = restarted.metrics()
+        loaded_line = next((ln.strip() for ln in restarted.lines if "suffix cache:" in ln), "")
+    finally:
+        rc_again = restarted.stop()
+
+    def by(name: str, source: str) -> int:
+        return int(m.get(f'specrun_{name}_tokens_total{{source="{source}"}}', 0))
+
+    base = base if base is not None else end
+    return {
+        "phase": "serve",
+        "requests": requests,
+        "errors": errors[:5],
+        "n_errors": len(errors),
+        "cap_bytes": cap,
+        "held_max_bytes": max(held, default=0),
+        "held_end_bytes": held[-1] if held else 0,
+        "corpus_bytes": int(m["specrun_suffix_corpus_bytes"]),
+        "corpus_files": int(m["specrun_suffix_corpus_files"]),
+        "replies_kept": int(m["specrun_suffix_replies"]),
+        "evicted": int(m["specrun_suffix_evicted_total"]),
+        "drafted": {s: by("draft", s) for s in ("suffix", "corpus", "ngram")},
+        "accepted": {s: by("accepted", s) for s in ("suffix", "corpus", "ngram")},
+        "tokens_generated": int(m["llamacpp:tokens_predicted_total"]),
+        "rss_after_warmup_mb": round(base, 1),
+        "rss_end_mb": round(end, 1),
+        "growth_mb": round(end - base, 1),
+        "rss_samples_mb": samples,
+        "restart_loaded_bytes": loaded["specrun_suffix_bytes"],
+        "restart_line": loaded_line,
+        "exit_codes": [rc, rc_again],
+        "ok": not errors and max(held, default=0) <= cap and end - base < LIMIT_MB and loaded["specrun_suffix_bytes"] <= cap
+        and loaded["specrun_suffix_replies"] > 0 and rc == rc_again == 143,
+    }  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny-turns", type=int, default=300)
     ap.add_argument("--demo-turns", type=int, default=30)
+    ap.add_argument("--serve-requests", type=int, default=1000, help="requests through specrun serve (0: none)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from tiny_models import build_all
@@ -108,7 +199,12 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory() as d:
         tiny = build_all(d)
-        results.append(phase("tiny", tiny["target"], tiny["draft-perturbed"], args.tiny_turns, 24, 2048, warmup=30))
+        if args.tiny_turns:
+            results.append(
+                phase("tiny", tiny["target"], tiny["draft-perturbed"], args.tiny_turns, 24, 2048, warmup=min(30, args.tiny_turns - 1))
+            )
+        if args.serve_requests:
+            results.append(serve_phase(tiny["target"], args.serve_requests, Path(d) / "serve"))
     models = Path(os.environ.get("SPECRUN_MODELS_DIR") or Path.home() / ".cache/specrun/models")
     t, dr = models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", models / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf"
     if args.demo_turns and t.is_file() and dr.is_file():
@@ -119,6 +215,16 @@ def main() -> int:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
+            if r["phase"] == "serve":
+                worth = ", ".join(f"{k} {r['accepted'][k]}/{r['drafted'][k]}" for k in r["drafted"])
+                print(
+                    f"serve: {r['requests']} requests ({r['n_errors']} failed), {r['tokens_generated']} tokens; suffix bytes at most "
+                    f"{r['held_max_bytes']} of {r['cap_bytes']} (corpus {r['corpus_bytes']} in {r['corpus_files']} files; "
+                    f"{r['replies_kept']} replies kept, {r['evicted']} evicted); accepted/drafted by source: {worth}; "
+                    f"RSS {r['rss_after_warmup_mb']} -> {r['rss_end_mb']} MB (growth {r['growth_mb']:+.1f} MB, limit {LIMIT_MB}); "
+                    f"after a restart {int(r['restart_loaded_bytes'])} bytes ({r['restart_line']}); {'OK' if r['ok'] else 'FAIL'}"
+                )
+                continue
             print(
                 f"{r['phase']:>5}: {r['turns']} turns, {r['tokens_generated']} tokens; RSS {r['rss_after_warmup_mb']} -> {r['rss_end_mb']} MB "
                 f"(growth {r['growth_mb']:+.1f} MB, limit {LIMIT_MB}); llama_batch live: {r['batches_live_before_close']} open, "

@@ -208,6 +208,9 @@ _OTHER_NAMES = {
     "host": "--host",
     "port": "--port",
     "parallel": "--parallel",
+    "suffix_mb": "--suffix-mb",
+    "suffix_cache": "--suffix-cache",
+    "suffix_corpus": "--suffix-corpus",
 }
 _NAMES = {f.field: f.name for f in ALL} | _OTHER_NAMES
 

@@ -7,7 +7,10 @@ import ipaddress
 import signal
 import socket
 import threading
-from typing import Annotated, Optional
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -17,11 +20,14 @@ from rich.text import Text
 from specrun.cli.common import load_pair, load_registry, stderr
 from specrun.cli.display import request_line
 from specrun.cli.options import ALL, Options, flag_name, shared
-from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM
+from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM, UsageError, render
 from specrun.run.session import OpenPair, cost_store, open_engine
 
+if TYPE_CHECKING:
+    from specrun.server.suffixes import SuffixCache, Suffixes
+
 MAX_BODY = 4 << 20
-SUFFIX_MB = 64.0  # the tenants' earlier replies, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
+SUFFIX_MB = 64.0  # the tenants' earlier replies and the corpus, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
 
 
 class TerminalView:
@@ -78,6 +84,50 @@ class TerminalView:
         self.print(f"specrun: {text}", style="yellow" if text.startswith(("warning", "internal")) else "dim")
 
 
+@dataclass(frozen=True)
+class SuffixPlan:
+    """What the suffix sources keep (``--suffix-mb``, ``--suffix-cache``, ``--suffix-corpus``)."""
+
+    mb: float
+    cache: Path | None = None
+    corpus: Path | None = None
+
+    def check(self) -> None:
+        """Refuse folders that cannot be used, before the models load."""
+        from specrun.server import corpus
+        from specrun.server.suffixes import SuffixCache
+
+        for given, name in ((self.cache, "suffix_cache"), (self.corpus, "suffix_corpus")):
+            if given is not None and self.mb <= 0:
+                raise UsageError(
+                    f"{{{name}}} needs {{suffix_mb}} above 0 (0 keeps nothing)", f"raise {{suffix_mb}} or leave out {{{name}}}", name
+                )
+        if self.cache is not None:
+            SuffixCache.check(self.cache)
+        if self.corpus is not None:
+            corpus.check(self.corpus)
+
+    def open(self, pair: OpenPair, say: Callable[[str], None]) -> tuple[Suffixes | None, SuffixCache | None]:
+        """The store (None: ``mb`` 0), with the corpus read and the cache loaded, and the cache
+        (None: none), already saving."""
+        from specrun.models.catalog import fingerprint
+        from specrun.server import corpus
+        from specrun.server.suffixes import SuffixCache, Suffixes
+
+        if self.mb <= 0:
+            return None, None
+        store = Suffixes(int(self.mb * 2**20))
+        if self.corpus is not None:
+            tokenize = lambda text: pair.target.tokenize(text, add_special=False, parse_special=False)  # noqa: E731
+            say(render(corpus.load(store, self.corpus, tokenize), flag_name))
+        cache = None
+        if self.cache is not None:
+            cache = SuffixCache(self.cache, fingerprint(pair.target_info), pair.target.n_vocab, lambda m: say(render(m, flag_name)))
+            say(render(cache.load(store), flag_name))
+            cache.keep_saving(store)
+        return store, cache
+
+
 def exposure_warning(address: str, key: str | None) -> str | None:
     """The warning for a server other machines can reach without a key (None when it is fine)."""
     if key is not None or ipaddress.ip_address(address).is_loopback:
@@ -128,9 +178,25 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--suffix-mb",
                 min=0.0,
-                help="Memory for earlier replies, kept per API key and user to draft the next ones from (the oldest go first); 0: none kept.",
+                help="Memory for earlier replies, kept per API key and user to draft the next ones from (the oldest go first), and for the --suffix-corpus; 0: none kept.",
             ),
         ] = SUFFIX_MB,  # fmt: skip
+        suffix_cache: Annotated[
+            Optional[Path],
+            typer.Option(
+                "--suffix-cache",
+                show_default=False,
+                help="Folder to keep the earlier replies in across restarts (saved every 64 replies and at a clean stop, loaded at start; made if missing).",
+            ),
+        ] = None,  # fmt: skip
+        suffix_corpus: Annotated[
+            Optional[Path],
+            typer.Option(
+                "--suffix-corpus",
+                show_default=False,
+                help="Folder of text files (a repository) that every request drafts from as well, read at start; it takes at most half of --suffix-mb.",
+            ),
+        ] = None,  # fmt: skip
         quiet: Annotated[
             bool, typer.Option("--quiet", "-q", help="No per-request lines on the terminal (warnings and errors still show).")
         ] = False,
@@ -144,18 +210,22 @@ def register(app: typer.Typer) -> None:
 
         Exit codes: 143 after SIGTERM, 130 after SIGINT (in-flight streams end first, with
         finish_reason "interrupted"); 1 if the port cannot be bound or the pair cannot be
-        used; 2 usage error; 3 unreadable model or registry.
+        used; 2 usage error (a --suffix-cache folder that cannot be written, too); 3 unreadable
+        model or registry, or a --suffix-corpus folder that is missing, unreadable or holds no
+        text file.
         """
         from specrun.server.run import listen
 
         err = stderr()
+        suffixes = SuffixPlan(suffix_mb, suffix_cache, suffix_corpus)
+        suffixes.check()  # before loading, as the port: a bad folder fails in milliseconds
         sock = listen(host, port)  # before loading: a taken port fails in milliseconds
         try:
             opts = dataclasses.replace(opts, pair=dataclasses.replace(opts.pair, parallel=parallel or None))
             pair = load_pair(opts, err)
             released = True
             try:
-                signum, released = _serve(pair, opts, sock, api_key or None, max_queue, max_body, suffix_mb, quiet, err)
+                signum, released = _serve(pair, opts, sock, api_key or None, max_queue, max_body, suffixes, quiet, err)
             finally:
                 if released:  # else the engine thread still holds the models: exit frees them
                     pair.close()
@@ -165,7 +235,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _serve(
-    pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, suffix_mb: float, quiet: bool,
+    pair: OpenPair, opts: Options, sock: socket.socket, key: str | None, max_queue: int, max_body: int, plan: SuffixPlan, quiet: bool,
     err: Console,
 ):  # fmt: skip
     """Serve until a signal; returns it, and whether the engine thread has let go of the models."""
@@ -174,7 +244,6 @@ def _serve(
     from specrun.server.host import Host
     from specrun.server.metrics import Metrics
     from specrun.server.run import address, serve, signals_held
-    from specrun.server.suffixes import Suffixes
 
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)
@@ -187,7 +256,7 @@ def _serve(
         n_ctx=pair.target.n_ctx, settings=settings, sampler=opts.sampler, api_key=key, max_body=max_body, flag_name=flag_name,
     )  # fmt: skip
     with TerminalView(err, quiet) as view:
-        suffixes = Suffixes(int(suffix_mb * 2**20)) if suffix_mb > 0 else None
+        suffixes, cache = plan.open(pair, view.notice)
         host = Host(pair, engine, max_queue=max_queue, observer=view, parallel=pair.parallel, gate=pair.gate, suffixes=suffixes)
         metrics = Metrics(host.queue_length, lambda: len(host.running), suffixes)
         host.on_finish = metrics.observe
@@ -205,6 +274,8 @@ def _serve(
                 view.print(f"specrun: {warning}", style="bold yellow")
             signum = serve(create_app(host, served, metrics), sock, host.stop, held=held)
         released = host.join(timeout=60)
+        if cache is not None:
+            cache.close()
     store.save(pair.cost_key, host.engine.learned())  # the server's own settings' engine: its costs, copies and near-ties
     err.print("specrun: stopped" + (f" by {signal.Signals(signum).name}" if signum else ""), style="dim")
     return signum, released

@@ -44,10 +44,10 @@ DRAFT_MAX_ADAPTIVE, DRAFT_MAX_FIXED = 63, 8
 # quantized CPU weights (by 0.02 on F16): a near-tie closer than that may flip between them
 TIE_MARGIN = 0.5  # the guard when the gap was not measured, and its most
 TIE_SAFETY = 3.0  # the guard as a multiple of the measured gap (a calibration sees a few rows only)
-# the sources that draft from what a reply brings besides its prompt (a prediction, earlier replies), in every
-# mode that drafts: each joins the others at the first reply that brings it (an engine that never gets one, the
-# CLI's, has none to explain in its idle reasons)
-PREDICTED, REMEMBERED = "prediction", "suffix"
+# the sources that draft from what a reply brings besides its prompt (a prediction, earlier replies, a shared
+# corpus), in every mode that drafts: each joins the others at the first reply that brings it (an engine that
+# never gets one, the CLI's, has none to explain in its idle reasons)
+PREDICTED, REMEMBERED, CORPUS = "prediction", "suffix", "corpus"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,20 +372,23 @@ class Engine:
         stats: RunStats | None = None,
         prediction: Sequence[int] = (),
         history: Continuations | None = None,
+        corpus: Continuations | None = None,
     ) -> Generator[Step, None, None]:
         """Yield one Step per round until EOG, ``max_tokens``, a full context or ``stop``.
         ``stats`` (a fresh one if not given) is filled in as the run goes, also when it ends
         before its first round. ``prediction``: the tokens the reply is expected to be, mostly;
-        ``history``: what earlier replies went on with (each a draft source of its own; the output
-        is the same with or without)."""
+        ``history``: what earlier replies went on with; ``corpus``: what a corpus of files went on
+        with (each a draft source of its own, so that what each is worth is counted apart; the
+        output is the same with or without)."""
         stats = stats if stats is not None else RunStats()
-        for name, brought in ((PREDICTED, bool(prediction)), (REMEMBERED, history is not None)):
+        for name, brought in ((PREDICTED, bool(prediction)), (REMEMBERED, history is not None), (CORPUS, corpus is not None)):
             if brought and self.sources and name not in self.sources:  # (the chooser shares the dict)
                 for made, src in draft_sources.build([name], self.inputs).items():
                     src.load(self.stored.get(made) or {})
                     self.sources[made] = src
         # before prefill: the sources' begin reads them
-        self.prediction.tokens, self.prediction.followed, self.history.index = tuple(prediction), 0, history
+        self.prediction.tokens, self.prediction.followed = tuple(prediction), 0
+        self.history.index, self.history.corpus = history, corpus
         stats.n_predicted = len(prediction)
         t0 = now()
         stats.n_prompt_tokens = self.prefill(prompt)

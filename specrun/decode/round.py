@@ -70,9 +70,11 @@ class Continuations(Protocol):
 
 @dataclass
 class History:
-    """Earlier replies to draft from for this reply (None: none), set by the engine before each."""
+    """Earlier replies to draft from for this reply (None: none), set by the engine before each:
+    the tenant's own, and a corpus every tenant shares (the operator's files)."""
 
     index: Continuations | None = None
+    corpus: Continuations | None = None
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:

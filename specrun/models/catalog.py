@@ -83,6 +83,16 @@ def _token_bytes(tokens: Any, start: int, end: int) -> bytes:
     return b"".join(len(b).to_bytes(8, "little") + b for b in (t.encode("utf-8", "surrogateescape") for t in tokens[start:end]))
 
 
+def fingerprint(m: ModelInfo) -> str:
+    """Everything the vocabulary rules compare (tokenizer model, every token text, special ids,
+    add_bos/add_eos), hashed: two headers with the same fingerprint tokenize alike."""
+    fp = hashlib.sha256()
+    facts = [m.tokenizer_model, m.n_vocab, m.bos_id, m.eos_id, m.eot_id, m.pad_id, m.add_bos, m.add_eos]
+    fp.update(json.dumps(facts).encode())
+    fp.update(_token_bytes(m.tokens, 0, m.n_vocab))
+    return fp.hexdigest()
+
+
 def summarize(m: ModelInfo, size: int | None = None) -> Summary:
     """The summary of one header; for a split model, the other parts' tensors are added."""
     n = m.n_vocab
@@ -93,14 +103,10 @@ def summarize(m: ModelInfo, size: int | None = None) -> Summary:
         params += sum(t.n_elements for t in h.tensors)
     heads = heads_of(m)
     texts = hashlib.sha256(_token_bytes(m.tokens, min(VOCAB_CHECK_START_ID, n), n)).hexdigest()
-    fp = hashlib.sha256()
-    facts = [m.tokenizer_model, n, m.bos_id, m.eos_id, m.eot_id, m.pad_id, m.add_bos, m.add_eos]
-    fp.update(json.dumps(facts).encode())
-    fp.update(_token_bytes(m.tokens, 0, n))
     return Summary(
         **m.facts() | {"file_size": m.file_size if size is None else size, "n_params": params, "weights_bytes": weights},
         texts_hash=texts,
-        fingerprint=fp.hexdigest(),
+        fingerprint=fingerprint(m),
         mtp_heads=heads.count,
         mtp_bytes=heads.weights_bytes,
         mtp_kv_per_token=heads.kv_bytes_per_token,

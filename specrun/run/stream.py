@@ -133,14 +133,15 @@ def stream_generate(
     cancel: threading.Event | None = None,
     prediction: Sequence[int] = (),
     history: Continuations | None = None,
+    corpus: Continuations | None = None,
 ) -> Iterator[Event]:
     """Generate from ``prompt`` token ids, one event per round, then a last event with the
     finish reason (its text is whatever was held back, possibly empty). ``prediction``: token
-    ids the reply is expected to mostly be; ``history``: earlier replies to draft from (see
-    ``Engine.generate``)."""
+    ids the reply is expected to mostly be; ``history``, ``corpus``: earlier replies and files to
+    draft from (see ``Engine.generate``)."""
     text = Detokenizer(engine.target.piece, engine.target.is_eog, stop)
     stats = RunStats()
-    gen = engine.generate(prompt, max_tokens, cancel, stats, prediction, history)
+    gen = engine.generate(prompt, max_tokens, cancel, stats, prediction, history, corpus)
     try:
         for step in gen:
             flags = [step.round.source if i < step.n_from_draft else None for i in range(len(step.tokens))]

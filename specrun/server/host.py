@@ -194,7 +194,7 @@ class Host:
         """``parallel`` > 1 needs the pair loaded with that many sequences and the ``gate``
         their decodes meet in; ``engine`` (on the pair itself) then lends its learned state to
         each slot's first engine. ``suffixes``: where each tenant's replies are kept, to draft
-        the next ones from (None: nowhere)."""
+        the next ones from, with the corpus every tenant drafts from (None: nowhere)."""
         self.pair = pair
         self.cost = engine.cost
         self.base_key = _engine_key(engine.settings, engine.sampler)
@@ -352,6 +352,7 @@ class Host:
             predicted = self._predicted(req)
             who, kept = req.tenant, self.suffixes
             history = kept.index(who) if kept is not None and who is not None else None  # the tenant's earlier replies
+            corpus = kept.corpus if kept is not None else None  # ... and the files every tenant shares
             if req.sampler.seed is not None:
                 engine.reseed(req.sampler.seed)
             job.post(("start", Start(len(tokens), limit, notices)))
@@ -361,7 +362,9 @@ class Host:
             if self.gate is not None:  # from here on, the other slots' decodes wait for this one's
                 self.gate.join()
                 joined = True
-            for event in stream_generate(engine, tokens, limit, stop=req.stop, cancel=job.cancel, prediction=predicted, history=history):
+            for event in stream_generate(
+                engine, tokens, limit, stop=req.stop, cancel=job.cancel, prediction=predicted, history=history, corpus=corpus
+            ):
                 stats = job.stats = event.stats
                 out.extend(event.tokens)
                 said.append(event.text)

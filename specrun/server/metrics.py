@@ -22,7 +22,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class Metrics:
     def __init__(self, queue_length: Callable[[], int], running: Callable[[], int], suffixes: Suffixes | None = None):
-        """``suffixes``: the tenants' earlier replies, whose size is a gauge."""
+        """``suffixes``: the tenants' earlier replies and the shared corpus, whose sizes are gauges."""
         disable_created_metrics()  # no `*_created` series: llama-server has none, and dashboards do not read them
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.totals = {"prompt_tokens": 0.0, "prompt_s": 0.0, "predicted": 0.0, "predicted_s": 0.0}  # for the average gauges
@@ -45,6 +45,7 @@ class Metrics:
         self.requests = Counter("specrun_requests", "Finished requests by finish reason.", ["finish_reason"], registry=r)
         self.cached_tokens = Counter("specrun_prompt_cached_tokens", "Prompt tokens reused from the KV cache.", registry=r)
         self.rounds = Counter("specrun_rounds", "Rounds by draft source (model, ngram, none = a plain step).", ["source"], registry=r)
+        # (the suffix sources' origins are sources of their own: suffix, the tenant's earlier replies; corpus, the shared files)
         self.source_drafted = Counter("specrun_draft_tokens", "Draft tokens by source.", ["source"], registry=r)
         self.source_accepted = Counter("specrun_accepted_tokens", "Accepted draft tokens by source.", ["source"], registry=r)
         self.draft_length = Histogram(
@@ -109,7 +110,11 @@ class _Live:
         )  # fmt: skip
         if self.suffixes is not None:
             s = self.suffixes
-            yield GaugeMetricFamily("specrun_suffix_bytes", "Bytes the tenants' earlier replies take, as counted (at most --suffix-mb).",
+            yield GaugeMetricFamily("specrun_suffix_bytes", "Bytes the tenants' earlier replies and the corpus take, as counted (at most --suffix-mb).",
                                     value=s.held)  # fmt: skip
             yield GaugeMetricFamily("specrun_suffix_replies", "Earlier replies kept to draft from.", value=len(s))
             yield CounterMetricFamily("specrun_suffix_evicted", "Earlier replies evicted to stay under --suffix-mb.", value=s.evicted)
+            yield GaugeMetricFamily("specrun_suffix_corpus_bytes", "Bytes the shared corpus takes, as counted (within specrun_suffix_bytes).",
+                                    value=s.corpus_bytes)  # fmt: skip
+            yield GaugeMetricFamily("specrun_suffix_corpus_files", "Files of the shared corpus (--suffix-corpus) drafted from.",
+                                    value=s.corpus_files)  # fmt: skip

@@ -17,7 +17,7 @@ from specrun.decode.sources.model import ModelSource
 from specrun.decode.sources.mtp import MtpSource
 from specrun.decode.sources.ngram import NgramSource
 from specrun.decode.sources.prediction import PredictionSource
-from specrun.decode.sources.suffix import SuffixSource
+from specrun.decode.sources.suffix import CorpusSource, SuffixSource
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from specrun.llama import DFlashHead, Eagle3Head, Model, MtpHeads
 
 __all__ = [
-    "DFlashSource", "Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "SuffixSource", "build",
+    "CorpusSource", "DFlashSource", "Eagle3Source", "ModelSource", "MtpSource", "NgramSource", "PredictionSource", "Source", "SuffixSource", "build",
 ]  # fmt: skip
 
 
@@ -46,7 +46,7 @@ class SourceInputs:
     draft_max: int
     ngram: tuple[int, int]
     prediction: Prediction = field(default_factory=Prediction)  # the reply's, set by the engine before each
-    history: History = field(default_factory=History)  # ... and the earlier replies it may draft from
+    history: History = field(default_factory=History)  # ... and the earlier replies and corpus it may draft from
 
 
 def _ends_line(m: SourceInputs) -> Callable[[int], bool]:
@@ -59,6 +59,7 @@ MAKERS: dict[str, Callable[[SourceInputs], Source | None]] = {
     "ngram": lambda m: NgramSource(*m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "prediction": lambda m: PredictionSource(m.prediction, *m.ngram, ends_line=_ends_line(m), ends_turn=m.target.is_eog),
     "suffix": lambda m: SuffixSource(m.history, ends_turn=m.target.is_eog),
+    "corpus": lambda m: CorpusSource(m.history, ends_turn=m.target.is_eog),
     "model": lambda m: ModelSource(m.draft, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.draft else None,
     "mtp": lambda m: MtpSource(m.heads, m.sampler, m.rng, m.target.n_vocab, m.cost, m.draft_max, m.target.is_eog) if m.heads else None,
     "eagle3": lambda m: (

@@ -3,7 +3,9 @@
 An agent sends the same kinds of request again and again (a tool call's JSON, a diff's header, a
 test run's summary), and its replies repeat each other more than they repeat their own prompt.
 The server keeps earlier replies' tokens in an index (``SuffixIndex``, one per tenant, bounded:
-``server/suffixes.py``); each round this source looks the sequence's tail up in it. Of the
+``server/suffixes.py``); each round this source looks the sequence's tail up in it. A corpus of
+the operator's files, shared by every tenant, is an index of the same kind, looked up by a
+source of its own (``CorpusSource``). Of the
 places where an earlier reply holds the tail's last ``N`` tokens, those whose context matches
 the tail furthest back are the evidence: it offers, token by token, what most of them went on
 with (SuffixDecoding, Oliaro et al. 2024, with an n-gram index for the suffix tree).
@@ -147,8 +149,12 @@ class SuffixSource:
         self.counts: list[tuple[int, int]] = []
         self.rate = Rate()  # how often an offered token has gone on (decayed): the prior of the counts
 
+    def looked_up(self) -> Continuations | None:
+        """Where this source looks (read at each ``begin``): the tenant's earlier replies."""
+        return self.history.index
+
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        self.index, self.offer, self.counts = self.history.index, [], []
+        self.index, self.offer, self.counts = self.looked_up(), [], []
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
         self.offer, self.counts = self.index.continuation(tokens, room) if self.index is not None else ([], [])
@@ -193,3 +199,15 @@ class SuffixSource:
         hits, n = d.get("hits"), d.get("n")
         if isinstance(hits, (int, float)) and isinstance(n, (int, float)) and 0 <= hits <= n:
             self.rate = Rate.stored(hits, n)
+
+
+class CorpusSource(SuffixSource):
+    """The same lookup in a corpus of files every tenant shares (``serve --suffix-corpus``): a
+    source of its own, so that its record is learned apart from the replies' (a repository's
+    files and an agent's replies go on alike at different rates) and what each drafted and had
+    accepted is counted apart."""
+
+    name = "corpus"
+
+    def looked_up(self) -> Continuations | None:
+        return self.history.corpus
