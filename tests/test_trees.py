@@ -261,3 +261,32 @@ def test_a_target_not_opened_for_trees_keeps_chains_and_says_so(loaded, plain):
     e = engine(loaded["target"], loaded["draft-perturbed"], Settings("model", draft_max=4, fixed=True, tree=True))
     assert e.branches == 0 and e.tree_note is not None and "chains" in e.tree_note
     assert not Settings().tree
+
+
+def test_a_pair_opened_for_trees_gives_its_target_branch_ids_and_the_cli_takes_the_flag(tiny):
+    from specrun.cli.options import Options
+    from specrun.run.config import PairConfig
+    from specrun.run.session import open_pair
+
+    for tree in (True, False):
+        pair = open_pair(tiny["target"], tiny["draft-perturbed"], PairConfig(n_ctx=512, threads=1), tree=tree)
+        try:
+            assert (pair.target.tree_branches > 0) == tree and pair.target.n_ctx >= 512
+            assert pair.draft is not None and pair.draft.tree_branches == 0  # the draft never branches
+        finally:
+            pair.close()
+    assert Options.build({"tree": True}).settings.tree
+
+
+def test_generate_with_trees_from_the_cli_gives_plain_decodings_tokens(tiny, capsys):
+    import json
+
+    from specrun.cli.main import main
+
+    base = ["generate", "-m", str(tiny["target"]), "-t", "1", "-c", "512", "-p", PROMPTS[0], "-n", "32", "--json"]
+    tree = [*base, "-d", str(tiny["draft-perturbed"]), "--draft", "model", "--draft-max", "4", "--fixed", "--tree"]
+    assert main(tree) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["stats"]["by_source"]["model"]["rounds"] > 0
+    assert main([*base, "--draft", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == got["tokens"]
