@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specrun.decode import engine as engine_module
-from specrun.decode.chooser import Plan
+from specrun.decode.chooser import Plan, tree_nodes
 from specrun.decode.costs import CostModel
 from specrun.decode.engine import Engine, Settings, rollback, speculative_round
 from specrun.decode.learned import Learned
@@ -89,6 +89,19 @@ def test_a_chain_is_a_tree_whose_trunk_is_all_of_it_and_grow_branches_off_the_sh
     assert tree.grow([1, 2], one[:2]) is tree  # nothing new
     assert tree.grow([7, 8, 9], one[:3], most=1).parents == [-1, 0, 1, 0, 3, -1]
     assert tree.cut(4).parents == [-1, 0, 1, 0]
+
+
+def test_a_trees_nodes_beyond_its_trunk_are_kept_while_their_chance_pays_for_their_rows():
+    reach = [0.5, 0.3, 0.1]  # the chance the path to each extra node is accepted
+    flat = [1.0 + 0.001 * b for b in range(64)]
+    assert tree_nodes(reach, 4, worth=2.0, c=flat) == 3  # rows nearly free: all of them
+    steep = [float(b + 1) for b in range(64)]  # each row a whole step
+    assert tree_nodes(reach, 4, worth=2.0, c=steep) == 0  # 0.5 tokens for a step: less than worth's 2
+    assert tree_nodes(reach, 4, worth=0.4, c=steep) == 1  # only the first beats 0.4 a step
+    step = [1.0] * 8 + [3.0] * 56  # a step at 9 rows: a trunk of 4 is 5 rows, and 3 more fit
+    assert tree_nodes(reach, 4, worth=1.0, c=step) == 3
+    assert tree_nodes(reach, 6, worth=1.0, c=step) == 1  # 7 rows: one more fits
+    assert tree_nodes(reach, 4, worth=1.0, c=[1.0, 1.0]) == 3  # past the curve: its last slope (flat)
 
 
 # --- the rule: several candidates for one position --------------------------------------
@@ -255,6 +268,27 @@ def test_at_temperature_the_first_tokens_law_is_the_targets_and_a_wrong_rule_is_
     monkeypatch.setattr(engine_module, "accept_among", wrong_accept_among)
     counts, _ = first_tokens(loaded, prompt, Sampler(3.0, top_k=6, top_p=1.0, min_p=0.0, seed=3), n)
     assert chi_square_rejects(counts, law)
+
+
+@pytest.mark.parametrize("mode, draft", SOURCES)
+def test_adaptive_trees_are_priced_kept_where_rows_are_cheap_and_exact(loaded, plain, mode, draft, monkeypatch):
+    """With the chooser on, a tree keeps the nodes beyond its trunk that pay: on a flat verify
+    curve some do (and the output is still plain decoding's), where every row costs a whole
+    step none do and every round verifies a chain."""
+    target, drafter = loaded["tree-target"], loaded[draft] if draft else None
+    trees = count_trees(monkeypatch, target)
+    for p in PROMPTS:
+        e = engine(target, drafter, Settings(mode, tree=True))
+        assert [t for step in e.generate(target.tokenize(p), 64) for t in step.tokens] == plain[p], p
+    assert trees[0] > 0
+    steep = {b: 0.001 * b for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)}
+    trees[0] = 0
+    for p in PROMPTS:
+        e = Engine(
+            target, drafter, Settings(mode, tree=True), Sampler(0.0), learned=Learned(CostModel(steep), {"model": {"per_token": 1e-6}})
+        )
+        assert [t for step in e.generate(target.tokenize(p), 64) for t in step.tokens] == plain[p], p
+    assert trees[0] == 0
 
 
 def test_a_target_not_opened_for_trees_keeps_chains_and_says_so(loaded, plain):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from specrun.decode import sources as draft_sources
-from specrun.decode.chooser import Chooser, Plan
+from specrun.decode.chooser import Chooser, Plan, tree_nodes
 from specrun.decode.costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
 from specrun.decode.learned import Learned
 from specrun.decode.round import Continuations, History, Prediction, Proposal, Round, common_prefix
@@ -146,7 +146,8 @@ def speculative_round(
     decoding does it, can settle such a near-tie. The engine makes the next round a plain step.
 
     ``branches`` > 1 (a target opened for trees): a drafter that can branch adds up to as many
-    nodes again as its chain has, in at most that many branches (see ``tree_round``).
+    nodes again as its chain has, in at most that many branches (see ``tree_round``); where the
+    plan has a rate (adaptive), only those that pay at it are kept (``chooser.tree_nodes``).
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
@@ -159,6 +160,11 @@ def speculative_round(
     if branches > 1 and draft.tokens and isinstance(drafter, Branching):
         rows = min(target.opts.n_outputs_max, target.n_batch) - 1 - len(draft)  # a verify's rows, the pending token's first
         draft = drafter.branch(tokens, draft, min(len(draft), rows), branches)
+        if draft.is_tree and plan.rate > 0 and plan.verify and len(draft.reach) == len(draft):
+            # the chooser's price: the nodes beyond the trunk that make more than the round's worth
+            trunk = draft.trunk
+            extra = tree_nodes(draft.reach[trunk:], trunk, plan.rate, plan.verify)
+            draft = draft.cut(trunk + extra) if extra else draft.chain()
     k = len(draft)
     t1 = now()
     if draft.is_tree:

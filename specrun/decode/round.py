@@ -37,13 +37,27 @@ class Proposal:
     # a tree: the node each guess follows (-1: the pending token; always an earlier node); empty:
     # a chain, guess i following guess i - 1
     parents: list[int] = field(default_factory=list)
+    # a tree: each node's chance, by the source's estimate, that the whole path to it is accepted
+    # (what the chooser prices its nodes by; empty: not stated)
+    reach: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def cut(self, k: int) -> Proposal:
         """The first ``k`` guesses (of a tree: still a tree, parents come first)."""
-        return replace(self, tokens=self.tokens[:k], dists=self.dists[:k], confidences=self.confidences[:k], parents=self.parents[:k])
+        return replace(
+            self,
+            tokens=self.tokens[:k],
+            dists=self.dists[:k],
+            confidences=self.confidences[:k],
+            parents=self.parents[:k],
+            reach=self.reach[:k],
+        )
+
+    def chain(self) -> Proposal:
+        """The trunk alone, as a chain."""
+        return replace(self.cut(self.trunk), parents=[], reach=[])
 
     @property
     def is_tree(self) -> bool:

@@ -373,36 +373,42 @@ class ModelSource(Autoregressive):
         """Second candidates: at a drafted position, the draft's runner-up as a leaf beside the
         trunk's token. A leaf, not a branch drafted on: it costs no draft step and never enters
         the draft's cache, and where the target takes it the round still ends with the target's
-        own token after it (two tokens where the chain had one). A runner-up is added where its
-        chance to be on the target's path (the trunk's up to it, times its probability under the
-        draft) is at least the whole trunk's, a node as likely as one the round verifies anyway;
-        the likeliest first. At T > 0 it is drawn from the draft's law without the trunk's token
-        (Sequoia's sampling without replacement), after the choice of where, which must not
-        depend on the draw."""
+        own token after it (two tokens where the chain had one).
+
+        Each node's chance to be on the target's path (``Proposal.reach``): a trunk token's, its
+        confidence's measured rate (``conf_rate``) times its parent's; a runner-up's, its parent's
+        times the chance the trunk's token there is rejected times the runner-up's share of the
+        draft's law beside it. A runner-up is added where that chance is at least the whole
+        trunk's (a node as likely as one the round verifies anyway), the likeliest first. At T > 0
+        it is drawn from the draft's law without the trunk's token (Sequoia's sampling without
+        replacement), after the choice of where, which must not depend on the draw."""
         rows = self._rows[: len(chain)]
         if len(rows) < len(chain) or nodes <= 0 or branches <= 1:
             return chain
-        reach, found = 1.0, []
+        reach, trunk, found = 1.0, [], []
         law: Dist | None
         for i, (x, row) in enumerate(zip(chain.tokens, rows)):
             if self.sampler.greedy:
-                conf = chain.confidences[i]
+                px = chain.confidences[i]
                 runner = int(np.argmax(np.where(np.arange(len(row)) == x, -np.inf, row)))
-                law, chance = Dist.one_hot(runner), conf * float(np.exp(row[runner] - row[x]))
+                law = Dist.one_hot(runner)
+                share = px * float(np.exp(row[runner] - row[x])) / (1.0 - px) if px < 1.0 else 0.0
             else:
                 q = chain.dists[i]
-                conf = q.prob(x)
                 rest = q.ids != x
                 law = Dist(q.ids[rest], q.probs[rest] / q.probs[rest].sum()) if rest.any() and q.probs[rest].sum() > 0 else None
-                chance = law.top[1] * (1.0 - conf) if law is not None else 0.0
-            if law is not None:
-                found.append((reach * chance, i, law, chance))
-            reach *= conf
-        picked = sorted((f for f in found if f[0] > 0 and f[0] >= reach), key=lambda f: -f[0])[: min(nodes, branches - 1)]
-        tree = chain
-        for _, i, law, chance in sorted(picked, key=lambda f: f[1]):
+                share = law.top[1] if law is not None else 0.0
+            hit = self.conf_rate(chain.confidences[i])
+            if law is not None and share > 0:
+                found.append((reach * (1.0 - hit) * min(1.0, share), i, law))
+            reach *= hit
+            trunk.append(reach)
+        picked = sorted((f for f in found if f[0] >= reach), key=lambda f: -f[0])[: min(nodes, branches - 1)]
+        tree = dataclasses.replace(chain, reach=trunk)
+        for chance, i, law in picked:
             y = law.top[0] if self.sampler.greedy else law.sample(self.rng)
-            tree = tree.grow([*chain.tokens[:i], y], [*chain.dists[:i], law], [*chain.confidences[:i], chance])
+            grown = tree.grow([*chain.tokens[:i], y], [*chain.dists[:i], law], [*chain.confidences[:i], chance])
+            tree = dataclasses.replace(grown, reach=[*tree.reach, chance])
         return tree
 
     def propose(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -165,17 +166,33 @@ class NgramSource:
         """The other places the sequence's tail occurred, each copy (as long as the trunk at most,
         to the end of a turn) a branch where it goes on differently from the trunk and the
         branches before it: the copies matching furthest back first, while nodes and branches
-        last. A copy's q is one-hot, so the target's law is kept (``sampling.accept_among``)."""
-        tree = chain
-        for copy in self.drafter.continuations(tokens, len(chain)):
+        last. A copy's q is one-hot, so the target's law is kept (``sampling.accept_among``).
+
+        Each node's chance to be on the target's path (``Proposal.reach``): the trunk's, its copy
+        rates' product; a branch's first node, its parent's times the chance the parent's first
+        child there is rejected times the branch's own copy rate; its next ones, times theirs."""
+        tree = replace(chain, reach=[float(r) for r in np.cumprod(self.acceptance(len(chain), None))])
+        for copy, match in self.drafter.continuations(tokens, len(chain)):
             if nodes <= 0:
                 break
             copy = copy[: self._to_turn_end(copy)]
             grown = tree.grow(copy, [Dist.one_hot(t) for t in copy], most=nodes)
+            added = len(grown) - len(tree)
+            if not added:
+                continue
             if sum(not kids for node, kids in grown.children().items() if node >= 0) > branches:
                 break
-            nodes -= len(grown) - len(tree)
-            tree = grown
+            first = len(tree)
+            parent, depth = grown.parents[first], len(grown.path(first)) - 1
+            up = tree.reach[parent] if parent >= 0 else 1.0
+            sibling = next((c for c in tree.children().get(parent, [])), None)
+            rest = 1.0 - (tree.reach[sibling] / up if sibling is not None and up > 0 else 0.0)
+            chance, reach = up * rest, []
+            for a in self._rates(copy, match, self.last)[depth : depth + added]:
+                chance *= a
+                reach.append(chance)
+            tree = replace(grown, reach=[*tree.reach, *reach])
+            nodes -= added
         return tree
 
     def observe(self, outcome: Round) -> None:
@@ -441,9 +458,9 @@ class NgramDrafter:
                 return found
         return []
 
-    def continuations(self, seq: list[int], k: int) -> list[list[int]]:
+    def continuations(self, seq: list[int], k: int) -> list[tuple[list[int], int]]:
         """The copies of up to ``k`` tokens after each place the longest suffix of ``seq``
-        occurred, the one matching furthest back first (the latest on a tie): the alternatives
-        a token tree may branch into."""
+        occurred, with how far back each matches, the one matching furthest back first (the
+        latest on a tie): the alternatives a token tree may branch into."""
         found = sorted(self._places(seq), key=lambda f: (f[1], f[0]), reverse=True)
-        return [run for run in (self.span(seq, src, k) for src, _ in found) if run]
+        return [(run, match) for run, match in ((self.span(seq, src, k), match) for src, match in found) if run]
