@@ -324,3 +324,13 @@ def test_generate_with_trees_from_the_cli_gives_plain_decodings_tokens(tiny, cap
     assert got["stats"]["by_source"]["model"]["rounds"] > 0
     assert main([*base, "--draft", "none"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == got["tokens"]
+
+
+def test_a_hybrid_target_is_given_no_branch_ids_and_its_engine_keeps_chains(tmp_path, tiny):
+    from tiny_hybrid import build_hybrid
+
+    path = build_hybrid(tmp_path)["qwen35"]
+    with Model(path, LoadOptions(n_ctx=256, n_threads=1, tree_branches=BRANCHES)) as target:
+        assert target.recurrent and target.tree_branches == 0
+        e = engine(target, None, Settings("ngram", tree=True))
+        assert e.branches == 0 and e.tree_note is not None
