@@ -68,9 +68,14 @@ def print_json(obj) -> None:
 def load_pair(opts: Options, err: Console, settings=None) -> OpenPair:
     """Resolve the names, check and load the pair, and show its notices. ``settings``: the
     drafting settings to resolve for (default: the command's own)."""
-    target, draft, resolved = resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, settings or opts.settings)
+    settings = settings or opts.settings
+    target, draft, resolved = resolve_pair(load_registry(opts.registry), opts.model, opts.draft_model, settings)
     pair = open_pair(
-        target.path, draft.path if draft else None, opts.pair, uses_heads(target.path, resolved, draft.path if draft else None)
+        target.path,
+        draft.path if draft else None,
+        opts.pair,
+        uses_heads(target.path, resolved, draft.path if draft else None),
+        tree=settings.tree,
     )
     pair.labels = (target.label, draft.label if draft else None)
     for n in pair.notices:

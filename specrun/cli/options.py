@@ -176,6 +176,14 @@ DRAFTING = (
         "Turn adaptive control off: every round drafts up to --draft-max tokens with the chosen drafter (the draft model still stops below --draft-p-min; use 0 to always draft all).",
         bool,
     ),
+    _flag(
+        Settings,
+        "tree",
+        ("--tree",),
+        "Token trees: the draft model and the n-gram lookup may add second candidates beside their chain, verified in the same "
+        "decode, and the round keeps the longest branch the target agrees with (attention-only targets; others keep chains).",
+        bool,
+    ),
     _flag(Settings, "ngram_min", ("--ngram-min",), "Shortest suffix the n-gram drafter matches.", int),
     _flag(Settings, "ngram_max", ("--ngram-max",), "Longest suffix the n-gram drafter matches.", int),
     _flag(

@@ -43,6 +43,7 @@ the reply's pace where that is what kept a round plain.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,33 @@ class Option:
     a1: float  # acceptance at the first position
     verify_steps: float  # c(K + 1) / c(1)
     draft_steps: float  # D(K) / c(1)
+
+
+def tree_nodes(reach: Sequence[float], trunk: int, worth: float, c: Sequence[float]) -> int:
+    """How many of a token tree's nodes beyond its trunk of ``trunk`` drafts (in the tree's
+    order) pay at ``worth`` tokens a second. A tree's expected accepted length is the sum over
+    its nodes of the chance that the whole path to each is accepted (``reach``, one a node
+    beyond the trunk), so each node adds its chance, and costs its row of the verify: m nodes
+    add c(trunk + 1 + m) - c(trunk + 1) (drafting them costs nothing: a draft model's runner-up
+    comes from rows it drafted from anyway, a copy from the lookup). The m that makes the most
+    tokens beyond ``worth`` times its time, as the chooser weighs a chain's length at the
+    reply's pace; every m is looked at (a curve with a step in it can make more rows cheaper).
+    ``c``: c(1..), taken on beyond its end at its last step's slope."""
+    c = list(c)
+
+    def cost(b: int) -> float:
+        if b <= len(c):
+            return c[b - 1]
+        slope = c[-1] - c[-2] if len(c) > 1 else c[-1]
+        return c[-1] + (b - len(c)) * slope
+
+    best, best_gain, gained = 0, 0.0, 0.0
+    for m in range(1, len(reach) + 1):
+        gained += reach[m - 1]
+        gain = gained - worth * (cost(trunk + 1 + m) - cost(trunk + 1))
+        if gain > best_gain:
+            best, best_gain = m, gain
+    return best
 
 
 @dataclass

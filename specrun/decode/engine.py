@@ -7,6 +7,12 @@ Invariant between rounds: the target's KV cache holds every token of the sequenc
 last one, which is still pending (``target.n_past == len(tokens) - 1``). A round feeds that
 token plus K drafts in one decode, keeps what the target agrees with, appends one token of the
 target's own, and rolls the caches back so the invariant holds again.
+
+With ``Settings.tree`` a source that can branch (``sources.base.Branching``) may make the round's
+draft a token tree (SpecInfer, EAGLE-2, Sequoia): second candidates beside its chain, all
+verified in the same ONE decode (``Model.eval_tree``), and the round keeps the longest path the
+target agrees with. The target's cache then keeps that path as its sequence and frees the rest;
+a source's cache keeps what it holds of the trunk, as far as the path followed the trunk.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from specrun.decode import sources as draft_sources
-from specrun.decode.chooser import Chooser, Plan
+from specrun.decode.chooser import Chooser, Plan, tree_nodes
 from specrun.decode.costs import CALIBRATION_SIZES, CostModel, CpuWatch, calibrate, now
 from specrun.decode.learned import Learned
 from specrun.decode.round import Continuations, History, Prediction, Proposal, Round, common_prefix
-from specrun.decode.sampling import Sampler, accept_or_resample
+from specrun.decode.sampling import Sampler, accept_among, accept_or_resample
 from specrun.decode.sources import ModelSource, Source
-from specrun.decode.sources.base import STORED_WEIGHT, Rate
+from specrun.decode.sources.base import STORED_WEIGHT, Branching, Rate
 from specrun.decode.sources.model import Autoregressive
 from specrun.decode.stats import RoundStats, RunStats
 from specrun.errors import PromptTooLong, UsageError
@@ -69,6 +75,9 @@ class Settings:
     # greedy: near-ties closer than this are settled by a plain step; None: TIE_SAFETY times the
     # gap measured between the target's batched and one-token logits, at most TIE_MARGIN
     tie_margin: float | None = None
+    # token trees: a source that can branch adds second candidates to its draft, verified in the
+    # same decode (needs a target opened with LoadOptions.tree_branches; otherwise chains)
+    tree: bool = False
 
     def __post_init__(self):
         if self.draft_max is None:
@@ -122,6 +131,7 @@ def speculative_round(
     tie_margin: float = 0.0,
     others: list[Source] | None = None,
     rival: Callable[[list[int]], float] | None = None,
+    branches: int = 0,
 ) -> Round:
     """One round of speculative decoding (Leviathan et al. 2023, Algorithm 1).
 
@@ -134,6 +144,10 @@ def speculative_round(
     undecided (``Round.deferred``): llama.cpp's batched kernels differ from its one-token
     kernels by up to ~0.5 logit on quantized CPU weights, so only a one-token decode, as plain
     decoding does it, can settle such a near-tie. The engine makes the next round a plain step.
+
+    ``branches`` > 1 (a target opened for trees): a drafter that can branch adds up to as many
+    nodes again as its chain has, in at most that many branches (see ``tree_round``); where the
+    plan has a rate (adaptive), only those that pay at it are kept (``chooser.tree_nodes``).
     """
     t0 = now()
     # Step 1: the drafter proposes up to K tokens
@@ -143,8 +157,18 @@ def speculative_round(
     draft = proposal.cut(max(plan.k, plan.offered))  # a stop rule may draft on past K, up to the offer
     if len(draft) < max(draft_min, 1):
         draft = Proposal()  # too short to pay for itself: this round is a plain decode step
+    if branches > 1 and draft.tokens and isinstance(drafter, Branching):
+        rows = min(target.opts.n_outputs_max, target.n_batch) - 1 - len(draft)  # a verify's rows, the pending token's first
+        draft = drafter.branch(tokens, draft, min(len(draft), rows), branches)
+        if draft.is_tree and plan.rate > 0 and plan.verify and len(draft.reach) == len(draft):
+            # the chooser's price: the nodes beyond the trunk that make more than the round's worth
+            trunk = draft.trunk
+            extra = tree_nodes(draft.reach[trunk:], trunk, plan.rate, plan.verify)
+            draft = draft.cut(trunk + extra) if extra else draft.chain()
     k = len(draft)
     t1 = now()
+    if draft.is_tree:
+        return tree_round(target, draft, tokens, plan, sampler, rng, tie_margin, others if others is not None else [drafter], t0, t1)
 
     # Step 2: the target scores the pending token plus all K drafts in ONE decode;
     # row i holds the target's distribution for the token after draft i-1
@@ -191,6 +215,72 @@ def speculative_round(
     return Round(stats.source, draft, n, emitted, deferred, stats)
 
 
+def tree_round(
+    target: Model,
+    draft: Proposal,
+    tokens: list[int],
+    plan: Plan,
+    sampler: Sampler,
+    rng: np.random.Generator,
+    tie_margin: float,
+    sources: Sequence[Source | None],
+    t0: float,
+    t1: float,
+) -> Round:
+    """Steps 2-4 of a round whose draft is a token tree (SpecInfer, Miao et al. 2024).
+
+    Greedy: from the pending token, follow the child that holds the target's argmax while one
+    does; the argmax where none does is the correction (the output is plain decoding's). At
+    T > 0, each node's children are tried in turn by exact multi-candidate sampling
+    (``sampling.accept_among``): the first accepted is followed; if none is, the token is drawn
+    from what is left of the target's law; a leaf's is the bonus token."""
+    # Step 2: the pending token (the root) and every node in ONE decode; row 0 is the root's,
+    # row i + 1 node i's
+    logits = target.eval_tree([tokens[-1], *draft.tokens], [-1, *(p + 1 for p in draft.parents)])
+    t2 = now()
+
+    # Step 3: walk down the tree
+    kids = draft.children()
+    path: list[int] = []
+    emitted: list[int] = []
+    node, deferred = -1, False
+    ties: list[bool] = []
+    while True:
+        row = logits[node + 1]
+        if sampler.greedy:
+            best = int(np.argmax(row))
+            ties.append(near_tie(row, best, tie_margin))
+            nxt = next((c for c in kids[node] if draft.tokens[c] == best), None)
+            if ties[-1] or nxt is None:
+                deferred = ties[-1]
+                emitted += [] if deferred else [best]
+                break
+        else:
+            i, replacement = accept_among([(draft.tokens[c], draft.dists[c]) for c in kids[node]], sampler.dist(row), rng)
+            if i is None:
+                assert replacement is not None
+                emitted.append(replacement)
+                break
+            nxt = kids[node][i]
+        path.append(nxt)
+        emitted.append(draft.tokens[nxt])
+        node = nxt
+    n = len(path)
+    t3 = now()
+
+    # Step 4: the target keeps the path as its sequence (its cache: all but the last token) and
+    # frees the other nodes; a source's cache holds the trunk at most, so it keeps what of the
+    # trunk the path followed
+    target.keep_branch([0, *(c + 1 for c in path)])
+    keep = len(tokens) + n - deferred
+    on_trunk = next((j for j, c in enumerate(path) if c != j), n)
+    rollback(target, [s for s in sources if s is not None], keep, min(keep, len(tokens) + on_trunk))
+    t4 = now()
+    k = len(draft)
+    stats = RoundStats(plan.source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties) or 1, sum(ties), t4 - t3)
+    return Round(stats.source, draft, n, emitted, deferred, stats, tuple(path))
+
+
 def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
     """Is the runner-up within ``margin`` of the top logit? (Reads the row, never writes it.)"""
     if margin <= 0:
@@ -199,13 +289,14 @@ def near_tie(row: np.ndarray, top: int, margin: float) -> bool:
     return bool(row[top] - second < margin)
 
 
-def rollback(target: Model, sources: list[Source], keep: int) -> None:
-    """Keep the first ``keep`` positions of the target's cache and of every source's. The
+def rollback(target: Model, sources: list[Source], keep: int, sources_keep: int | None = None) -> None:
+    """Keep the first ``keep`` positions of the target's cache and of every source's (of the
+    sources', ``sources_keep`` if given: after a tree, what they hold of the trunk). The
     engine moves caches back only through here; the backend's ``Model.rollback`` does the work
     for one model."""
     target.rollback(keep)
     for s in sources:
-        s.rollback(keep)
+        s.rollback(keep if sources_keep is None else sources_keep)
 
 
 class Engine:
@@ -242,6 +333,14 @@ class Engine:
             settings = dataclasses.replace(settings, draft_max=cap, draft_min=min(settings.draft_min, cap))
         self.target = target
         self.settings = settings
+        # token trees need a target opened for them (LoadOptions.tree_branches): a recurrent or
+        # hybrid one cannot branch its state, so it keeps chains, and says why
+        self.branches = target.tree_branches if settings.tree else 0
+        self.tree_note = (
+            f"{target.path.name} cannot verify token trees (a recurrent state, several sequences or not opened for them): chains"
+            if settings.tree and not self.branches
+            else None
+        )
         self.sampler = sampler
         self.rng = sampler.rng()
         self.choice_rng = np.random.default_rng(0)  # the chooser's draws: the same choices for the same numbers, run after run
@@ -255,6 +354,8 @@ class Engine:
         for src in self.sources.values():
             if isinstance(src, Autoregressive) and settings.fixed:
                 src.p_min = settings.p_min
+            if isinstance(src, ModelSource):
+                src.keep_rows = self.branches > 1  # its second candidates come from the rows it drafted from
         self.chooser = Chooser(self.sources, self.cost, draft_min=settings.draft_min, draft_max=settings.draft_max, fixed=settings.fixed)
         self.stored = learned.sources if learned is not None else {}  # what each source learned before
         if learned is not None:
@@ -427,6 +528,7 @@ class Engine:
                 r = speculative_round(
                     self.target, drafter, tokens, plan, self.sampler, self.rng,
                     self.settings.draft_min, self.tie_margin, sources, functools.partial(self.chooser.rival, sources=rivals),
+                    self.branches,
                 )  # fmt: skip
                 settling_tie, force_plain = force_plain, r.deferred
                 self.cost.observe_verify(r.stats.drafted + 1, r.stats.verify_s)

@@ -14,6 +14,14 @@ drawn from ``q``:
 
 The output then has exactly the target's distribution, whatever ``q`` is. A deterministic
 proposal (the n-gram drafter) is the special case ``q = one-hot(x)``.
+
+Several candidates for one position (the children of a node in a token tree), candidate i drawn
+from ``q_i`` (which may depend on the candidates before it, not on the test's coins), are tried
+in turn (SpecInfer's multi-step speculative sampling, Miao et al. 2024; Sequoia's form without
+replacement): accept candidate i with probability ``min(1, p(x_i) / q_i(x_i))``; on a rejection
+``p <- norm(max(0, p - q_i))`` and the next candidate is tried against that; if every one is
+rejected, the token is drawn from the last ``p``. Each step is the one-candidate rule with the
+next steps standing in for its residual draw, so the output again has exactly the target's law.
 """
 
 from __future__ import annotations
@@ -142,3 +150,17 @@ def accept_or_resample(x: int, p: Dist, q: Dist, rng: np.random.Generator) -> tu
     if qx > 0 and rng.random() < min(1.0, px / qx):
         return True, None
     return False, residual(p, q).sample(rng)
+
+
+def accept_among(candidates: list[tuple[int, Dist]], p: Dist, rng: np.random.Generator) -> tuple[int | None, int | None]:
+    """One position of exact multi-candidate speculative sampling: ``candidates`` are (token,
+    the law it was drawn from), tried in order against the target's law ``p``.
+
+    Returns (i, None) if candidate i is accepted, else (None, the token drawn from the residual).
+    With one candidate it draws exactly as :func:`accept_or_resample` does."""
+    for i, (x, q) in enumerate(candidates):
+        px, qx = p.prob(x), q.prob(x)
+        if qx > 0 and rng.random() < min(1.0, px / qx):
+            return i, None
+        p = residual(p, q)  # what is left of p once q's share has had its chance
+    return None, p.sample(rng)

@@ -12,6 +12,13 @@ place positions move backwards, by the method the architecture allows (``rollbac
 * ``checkpoint``: a recurrent state without snapshots: :meth:`Model.checkpoint` copies the
   sequence's state before decodes that may be undone; a rollback restores it and replays the
   tokens kept (one decode, no logits).
+
+A model opened with ``tree_branches`` (an attention cache only) also verifies token trees:
+:meth:`Model.eval_tree` decodes a tree of tokens after its sequence in one ``llama_decode`` over a
+unified KV cache, each branch (root to leaf) a sequence id of its own (1, 2, ...) that first
+shares every cell of sequence 0, each token once with the ids of every branch through it, at
+the position of its depth; :meth:`Model.keep_branch` then gives sequence 0 the cells of the
+path kept and drops every branch id, so the cells of the others are freed.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ class LoadOptions:
     # sequences that decode together in this context (``Model.sequence``): n_ctx positions each,
     # in one KV cache of n_seq_max x n_ctx cells that they share
     n_seq_max: int = 1
+    # branches a token tree may have (``eval_tree``): sequence ids of their own beside sequence 0,
+    # in a unified cache with room for n_outputs_max cells more; 0: no trees. Granted only to an
+    # attention-only model of one sequence (``Model.tree_branches`` says what was)
+    tree_branches: int = 0
 
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
@@ -185,6 +196,13 @@ class Model:
                 )
             cp.n_seq_max = opts.n_seq_max
             cp.kv_unified = True  # one cache, its cells shared: a short sequence leaves room for a long one
+        # token trees: branch ids share sequence 0's cells (one cache), and a tree's cells beyond
+        # the path kept need room for as long as the verify lasts
+        self.tree_branches = opts.tree_branches if opts.n_seq_max == 1 and not self.recurrent and not opts.load_mtp else 0
+        if self.tree_branches:
+            cp.n_seq_max = 1 + self.tree_branches
+            cp.kv_unified = True
+            cp.n_ctx = opts.n_ctx + opts.n_outputs_max
         if self.recurrent:  # llama.cpp grants none where the architecture has no snapshots
             cp.n_rs_seq = max(0, min(opts.rollback_depth, opts.n_batch - 2))  # its split needs n_ubatch > n_rs_seq + 1
         cp.n_threads = opts.n_threads
@@ -200,6 +218,8 @@ class Model:
                 "lower {n_ctx} or {gpu_layers}",
             )
         self.n_ctx = int(ll.llama_n_ctx(self._ctx)) // opts.n_seq_max  # per sequence
+        if self.tree_branches:
+            self.n_ctx -= opts.n_outputs_max  # the tree's room
         # llama.cpp may pad n_ctx up (to 256) and clamp n_batch down to what was asked
         self.n_batch = max(1, min(opts.n_batch, int(ll.llama_n_batch(self._ctx))))
         self._mem = ll.llama_get_memory(self._ctx)
@@ -211,7 +231,8 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_nextn = int(ll.llama_model_n_layer_nextn(self._model))  # MTP heads in the file (loaded only with load_mtp)
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, max(1, self.tree_branches))  # a tree's root is on every branch
+        self._tree: tuple[list[int], list[int], list[int]] | None = None  # the tree decoded: tokens, parents, a branch per node
         _batches_live[0] += 1
         self.decode_s = 0.0  # seconds spent inside llama_decode, for overhead profiling
         self.tokens: list[int] = []  # what the KV cache holds; changed only by eval/rollback/reset
@@ -372,6 +393,77 @@ class Model:
                 for r, j in enumerate(flagged):
                     a.rows[r] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, j), shape=(self.n_vocab,))
             i += len(a.tokens)
+
+    # --- token trees -------------------------------------------------------------------
+
+    def eval_tree(self, tokens: list[int], parents: list[int]) -> np.ndarray:
+        """Decode a tree of tokens after the sequence in ONE llama_decode; a row of logits per
+        node, in node order (a copy). Node 0 is the root (the sequence's pending token, parent
+        -1); every other node's parent is an earlier node. Until :meth:`keep_branch`, the tree's
+        cells sit in the cache beside sequence 0, which does not change (``n_past`` neither)."""
+        n = len(tokens)
+        if not self.tree_branches or self._attached:
+            raise ValueError("this model was not opened for token trees (LoadOptions.tree_branches)")
+        if n != len(parents) or parents[0] != -1 or any(not 0 <= parents[i] < i for i in range(1, n)):
+            raise ValueError("a tree's root is node 0 and every other node's parent comes before it")
+        if n > min(self.n_batch, self.opts.n_outputs_max) or self.n_past + n > self.n_ctx + self.opts.n_outputs_max:
+            raise ValueError("a tree is limited to n_outputs_max nodes and the context's room")
+        has_kids = [False] * n
+        depth = [0] * n
+        for i in range(1, n):
+            has_kids[parents[i]] = True
+            depth[i] = depth[parents[i]] + 1
+        leaves = [i for i in range(n) if not has_kids[i]]
+        if len(leaves) > self.tree_branches:
+            raise ValueError(f"a tree of {len(leaves)} branches; this context has ids for {self.tree_branches}")
+        seqs: list[list[int]] = [[] for _ in range(n)]  # each node's branch ids: every leaf below it
+        for b, leaf in enumerate(leaves, start=1):
+            node = leaf
+            while node >= 0:
+                seqs[node].append(b)
+                node = parents[node]
+        pos0 = self.n_past
+        for b in range(1, len(leaves) + 1):  # every branch sees what sequence 0 holds (no copy: one cache)
+            ll.llama_memory_seq_cp(self._mem, 0, b, -1, -1)
+        batch = self._batch
+        for i, t in enumerate(tokens):
+            batch.token[i] = t
+            batch.pos[i] = pos0 + depth[i]
+            batch.n_seq_id[i] = len(seqs[i])
+            for j, s in enumerate(seqs[i]):
+                batch.seq_id[i][j] = s
+            batch.logits[i] = True
+        batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self._ctx, batch)
+        ll.llama_synchronize(self._ctx)
+        self.decode_s += time.perf_counter() - t0
+        if rc != 0:
+            self._drop_branches(len(leaves))
+            raise BackendError(f"llama_decode of a {n}-token tree failed with code {rc} at position {pos0}", "lower {n_ctx}")
+        rows = np.empty((n, self.n_vocab), np.float32)
+        for i in range(n):  # row by row: a batch of several sequences may keep its outputs in another order
+            rows[i] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+        self._tree = (list(tokens), list(parents), [s[0] for s in seqs])
+        return rows
+
+    def keep_branch(self, path: list[int]) -> None:
+        """After :meth:`eval_tree`: the nodes of ``path`` (0, a child of 0, ...) join sequence 0,
+        every other node's cells are freed."""
+        assert self._tree is not None, "keep_branch() follows eval_tree()"
+        tokens, parents, branch = self._tree
+        self._tree = None
+        if path and (path[0] != 0 or any(parents[b] != a for a, b in zip(path, path[1:]))):
+            self._drop_branches(max(branch))
+            raise ValueError("a kept path runs from the root down the tree")
+        if path:  # the positions of the path's nodes, held by any branch through its last node
+            ll.llama_memory_seq_cp(self._mem, branch[path[-1]], 0, self.n_past, self.n_past + len(path))
+        self._drop_branches(max(branch))
+        self.tokens.extend(tokens[i] for i in path)
+
+    def _drop_branches(self, n: int) -> None:
+        for b in range(1, n + 1):
+            ll.llama_memory_seq_rm(self._mem, b, -1, -1)
 
     # --- rollback -----------------------------------------------------------------------
 

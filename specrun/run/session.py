@@ -229,12 +229,13 @@ class OpenPair:
         self.target.close()  # and the heads attached to it
 
 
-def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads: bool = False) -> OpenPair:
+def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads: bool = False, tree: bool = False) -> OpenPair:
     """Check the vocabularies from headers (before any weights load), reach the RPC workers,
     place both models, check the fit per device, then load both; with ``heads``, the target's
     MTP heads too (their weights and KV are in the target's estimate already). A draft that is
     a head in a file of its own (an EAGLE-3 head, a block drafter, Gemma 4's MTP assistant) is placed and fitted
-    as a draft, and loaded beside the target, attached to it."""
+    as a draft, and loaded beside the target, attached to it. With ``tree``, the target's context
+    gets ids for token trees' branches where it can have them (``LoadOptions.tree_branches``)."""
     from specrun import llama
     from specrun.llama import DFlashHead, Eagle3Head, Gemma4Assistant, LoadOptions, Model, MtpHeads
 
@@ -279,7 +280,7 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
     if placement.target.devices or (placement.draft is not None and placement.draft.devices):
         notices.append(f"placement: {describe(placement)}")
 
-    def options(where, n_outputs_max: int, load_mtp: bool = False) -> LoadOptions:
+    def options(where, n_outputs_max: int, load_mtp: bool = False, tree_branches: int = 0) -> LoadOptions:
         return LoadOptions(
             n_ctx=cfg.n_ctx,
             n_gpu_layers=where.gpu_layers,
@@ -292,9 +293,13 @@ def open_pair(target_path: Path, draft_path: Path | None, cfg: PairConfig, heads
             verbose=cfg.verbose,
             load_mtp=load_mtp,
             n_seq_max=n_seq,
+            tree_branches=tree_branches,
         )
 
-    target = Model(target_path, options(placement.target, 64 * n_seq, load_mtp=heads))
+    # a tree's every node but its root may be a leaf: as many branches as a verify's rows, less one
+    target = Model(target_path, options(placement.target, 64 * n_seq, load_mtp=heads, tree_branches=63 if tree else 0))
+    if tree and not target.tree_branches:
+        notices.append(f"token trees: {target_path.name} cannot branch (a recurrent state, MTP heads or {{parallel}} > 1): chains")
     draft = None
     mtp = None
     eagle3 = None

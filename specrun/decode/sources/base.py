@@ -13,7 +13,7 @@ is tried now and then and one that is known to lose is not, with no separate pro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -162,3 +162,13 @@ class Source(Protocol):
 
     def load(self, d: dict) -> None:
         """Start from what an earlier run stored."""
+
+
+@runtime_checkable
+class Branching(Protocol):
+    """A source that can offer a token tree: second candidates beside its chain (``Proposal.parents``)."""
+
+    def branch(self, tokens: list[int], chain: Proposal, nodes: int, branches: int) -> Proposal:
+        """``chain`` (what it just proposed after ``tokens``, as verified) with branches added:
+        at most ``nodes`` more nodes, and at most ``branches`` root-to-leaf paths in all. The
+        chain stays first, as the tree's trunk; each node's law is the one it was drawn from."""

@@ -216,8 +216,12 @@ class Autoregressive:
             self.per_token = _ewma(self.per_token, p.step_s)
         # positions 0..accepted-1 were accepted; position `accepted` (if drafted) was rejected,
         # unless the round stopped at a near-tie there, which says nothing about the draft
-        for i in range(min(len(p.tokens), outcome.accepted + (not outcome.deferred))):
-            hit = i < outcome.accepted
+        # (a tree: its trunk, the chain this source drafted, as far as the path followed it; where
+        # the path left it, the trunk's token there was a miss)
+        accepted = outcome.on_trunk
+        deferred = outcome.deferred and accepted == outcome.accepted
+        for i in range(min(p.trunk, accepted + (not deferred))):
+            hit = i < accepted
             self.positions.bins[i].add(hit)
             if i < len(p.confidences):
                 self.by_conf[conf_bin(p.confidences[i])].add(hit)
@@ -288,6 +292,8 @@ class ModelSource(Autoregressive):
         self.left = 1  # tokens the reply is expected to have left
         self.stretch: float | None = None  # the tokens its rounds brought between catch-ups, lately
         self.since_catch_up = 0  # ... and since the last one (or the prompt)
+        self.keep_rows = False  # keep the rows each draft was picked from (token trees branch from them)
+        self._rows: list[np.ndarray] = []  # ... this round's
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
         """Once in a process, time a draft step (a stored time is only a prior: one from a busy
@@ -355,10 +361,58 @@ class ModelSource(Autoregressive):
         self.model.checkpoint(full=True)  # hybrid/recurrent drafts: the drafting decodes may be undone
         evaluated = len(tokens) - n
         caught_up = evaluated > 2  # more than a round's usual one or two tokens: a one-off
-        return logits, time.perf_counter() - t if caught_up else 0.0, evaluated if caught_up else 0
+        self._rows = []
+        return self._kept(logits), time.perf_counter() - t if caught_up else 0.0, evaluated if caught_up else 0
 
     def _step(self, x: int) -> np.ndarray:
-        return self.model.eval_last([x])
+        return self._kept(self.model.eval_last([x]))
+
+    def _kept(self, row: np.ndarray) -> np.ndarray:
+        if self.keep_rows:
+            self._rows.append(np.array(row[: self.n_vocab]))
+        return row
+
+    def branch(self, tokens: list[int], chain: Proposal, nodes: int, branches: int) -> Proposal:
+        """Second candidates: at a drafted position, the draft's runner-up as a leaf beside the
+        trunk's token. A leaf, not a branch drafted on: it costs no draft step and never enters
+        the draft's cache, and where the target takes it the round still ends with the target's
+        own token after it (two tokens where the chain had one).
+
+        Each node's chance to be on the target's path (``Proposal.reach``): a trunk token's, its
+        confidence's measured rate (``conf_rate``) times its parent's; a runner-up's, its parent's
+        times the chance the trunk's token there is rejected times the runner-up's share of the
+        draft's law beside it. A runner-up is added where that chance is at least the whole
+        trunk's (a node as likely as one the round verifies anyway), the likeliest first. At T > 0
+        it is drawn from the draft's law without the trunk's token (Sequoia's sampling without
+        replacement), after the choice of where, which must not depend on the draw."""
+        rows = self._rows[: len(chain)]
+        if len(rows) < len(chain) or nodes <= 0 or branches <= 1:
+            return chain
+        reach, trunk, found = 1.0, [], []
+        law: Dist | None
+        for i, (x, row) in enumerate(zip(chain.tokens, rows)):
+            if self.sampler.greedy:
+                px = chain.confidences[i]
+                runner = int(np.argmax(np.where(np.arange(len(row)) == x, -np.inf, row)))
+                law = Dist.one_hot(runner)
+                share = px * float(np.exp(row[runner] - row[x])) / (1.0 - px) if px < 1.0 else 0.0
+            else:
+                q = chain.dists[i]
+                rest = q.ids != x
+                law = Dist(q.ids[rest], q.probs[rest] / q.probs[rest].sum()) if rest.any() and q.probs[rest].sum() > 0 else None
+                share = law.top[1] if law is not None else 0.0
+            hit = self.conf_rate(chain.confidences[i])
+            if law is not None and share > 0:
+                found.append((reach * (1.0 - hit) * min(1.0, share), i, law))
+            reach *= hit
+            trunk.append(reach)
+        picked = sorted((f for f in found if f[0] >= reach), key=lambda f: -f[0])[: min(nodes, branches - 1)]
+        tree = dataclasses.replace(chain, reach=trunk)
+        for chance, i, law in picked:
+            y = law.top[0] if self.sampler.greedy else law.sample(self.rng)
+            grown = tree.grow([*chain.tokens[:i], y], [*chain.dists[:i], law], [*chain.confidences[:i], chance])
+            tree = dataclasses.replace(grown, reach=[*tree.reach, chance])
+        return tree
 
     def propose(
         self, tokens: list[int], k: int, worth: float, offered: int = 0, verify: Sequence[float] = (),

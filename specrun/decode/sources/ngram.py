@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -160,6 +161,39 @@ class NgramSource:
         rival: Callable[[list[int]], float] | None = None,
     ) -> Proposal:  # fmt: skip
         return self.offer.cut(k)
+
+    def branch(self, tokens: list[int], chain: Proposal, nodes: int, branches: int) -> Proposal:
+        """The other places the sequence's tail occurred, each copy (as long as the trunk at most,
+        to the end of a turn) a branch where it goes on differently from the trunk and the
+        branches before it: the copies matching furthest back first, while nodes and branches
+        last. A copy's q is one-hot, so the target's law is kept (``sampling.accept_among``).
+
+        Each node's chance to be on the target's path (``Proposal.reach``): the trunk's, its copy
+        rates' product; a branch's first node, its parent's times the chance the parent's first
+        child there is rejected times the branch's own copy rate; its next ones, times theirs."""
+        tree = replace(chain, reach=[float(r) for r in np.cumprod(self.acceptance(len(chain), None))])
+        for copy, match in self.drafter.continuations(tokens, len(chain)):
+            if nodes <= 0:
+                break
+            copy = copy[: self._to_turn_end(copy)]
+            grown = tree.grow(copy, [Dist.one_hot(t) for t in copy], most=nodes)
+            added = len(grown) - len(tree)
+            if not added:
+                continue
+            if sum(not kids for node, kids in grown.children().items() if node >= 0) > branches:
+                break
+            first = len(tree)
+            parent, depth = grown.parents[first], len(grown.path(first)) - 1
+            up = tree.reach[parent] if parent >= 0 else 1.0
+            sibling = next((c for c in tree.children().get(parent, [])), None)
+            rest = 1.0 - (tree.reach[sibling] / up if sibling is not None and up > 0 else 0.0)
+            chance, reach = up * rest, []
+            for a in self._rates(copy, match, self.last)[depth : depth + added]:
+                chance *= a
+                reach.append(chance)
+            tree = replace(grown, reach=[*tree.reach, *reach])
+            nodes -= added
+        return tree
 
     def observe(self, outcome: Round) -> None:
         """Score the copy on offer (used or not) against the tokens that really followed, up to
@@ -399,6 +433,17 @@ class NgramDrafter:
         at or past the furthest point a copy reached, the nearest wins (after a deletion, the
         text right after it, not a twin further on or one the reply already wrote); only if
         there are none, the one matching furthest back."""
+        found = self._places(seq)
+        ahead = [f for f in found if f[0] >= self._read] if self.reference is not None else []
+        if ahead:
+            return min(ahead)
+        if found:
+            return max(found, key=lambda f: (f[1], f[0]))
+        return 0, 0
+
+    def _places(self, seq: list[int]) -> list[tuple[int, int]]:
+        """Where the longest suffix of ``seq`` that occurred before did (the position after
+        each occurrence), and how far back each matches."""
         end, source = len(seq), self._source(seq)
         for n in range(self.n_max, self.n_min - 1, -1):
             if end <= n:
@@ -409,9 +454,13 @@ class NgramDrafter:
                 while match < self.MATCH_CAP and match < min(src, end) and seq[end - 1 - match] == source[src - 1 - match]:
                     match += 1
                 found.append((src, match))
-            ahead = [f for f in found if f[0] >= self._read] if self.reference is not None else []
-            if ahead:
-                return min(ahead)
             if found:
-                return max(found, key=lambda f: (f[1], f[0]))
-        return 0, 0
+                return found
+        return []
+
+    def continuations(self, seq: list[int], k: int) -> list[tuple[list[int], int]]:
+        """The copies of up to ``k`` tokens after each place the longest suffix of ``seq``
+        occurred, with how far back each matches, the one matching furthest back first (the
+        latest on a tie): the alternatives a token tree may branch into."""
+        found = sorted(self._places(seq), key=lambda f: (f[1], f[0]), reverse=True)
+        return [(run, match) for run, match in ((self.span(seq, src, k), match) for src, match in found) if run]
