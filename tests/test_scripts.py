@@ -377,6 +377,7 @@ def test_batch_divergence_runs_its_three_passes_on_a_real_server(tiny, capsys) -
     assert bd.main([*argv, "--prompts", "6", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
+    assert report["parallel"] == 4 and report["clients"] == 4  # --parallel 0 on tiny models: 4 sequences
     assert [r["class"] for r in rows] == ["chat", "code-gen", "code-edit", "explain", "chat", "code-gen"]
     assert len({r["prompt"] for r in rows}) == 6
     for r in rows:

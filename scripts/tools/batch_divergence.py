@@ -90,6 +90,17 @@ def together(port: int, model: str, prompts: list[str], n: int, user: str, clien
     return [r for r in out if r is not None]
 
 
+def sequences(port: int) -> int:
+    """How many requests the server decodes together (/health's ``parallel``)."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/health")
+    parallel = json.loads(c.getresponse().read())["parallel"]
+    c.close()
+    return parallel
+
+
 def first_difference(a: str, b: str) -> int | None:
     """The first character at which ``a`` and ``b`` differ (None: equal)."""
     if a == b:
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"starting {shlex.join(cmd)}", file=sys.stderr, flush=True)
     server = Running("specrun", cmd, port, log)
     try:
+        parallel = sequences(port)
         print("pass 1: alone", file=sys.stderr, flush=True)
         alone = one_at_a_time(port, server.model, prompts, args.max_tokens, "alone")
         print(f"pass 2: {args.clients} clients together", file=sys.stderr, flush=True)
@@ -155,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                      "again_differs_at_token": None if ctl is None else tokens_of(a[0][:ctl]),
                      "alone": a[0], "batched": b[0], "again": c[0]})  # fmt: skip
     if args.json:
-        print(json.dumps({"command": shlex.join(cmd), "clients": args.clients, "max_tokens": args.max_tokens, "rows": rows}, indent=1))
+        report = {"command": shlex.join(cmd), "parallel": parallel, "clients": args.clients, "max_tokens": args.max_tokens, "rows": rows}
+        print(json.dumps(report, indent=1))
         return 0
+    print(f"{args.clients} clients against a server decoding {parallel} requests together; {args.max_tokens} tokens each")
     print(f"{'#':>2} {'class':10} {'tokens (alone, batched, again)':>31} {'batched differs at':>19} {'again differs at':>17}")
     for i, r in enumerate(rows):
         b, c = r["batched_differs_at_token"], r["again_differs_at_token"]
