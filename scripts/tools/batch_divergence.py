@@ -16,6 +16,10 @@ earlier-replies source keeps them per tenant); the prompt cache is shared, as wi
 Per prompt it prints the token at which the batched reply first differs from the alone one
 (and the control's), counted as the tokens of the text they share, tokenized with the
 target's vocabulary; ``same`` where the texts are equal. Not a timing measurement.
+
+``--serve-args '--parallel 1'`` (or ``'--parallel 1 --draft none'``) measures the same passes
+against a server that never batches requests together: what a difference is left there is not
+batching's. ``--classes`` and ``--prompts`` pick the prompts.
 """
 
 from __future__ import annotations
@@ -114,12 +118,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft", type=Path, default=MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
     ap.add_argument("--specrun", default=None, help="the specrun executable (default: beside this Python)")
     ap.add_argument("--prompts", type=int, default=8, help="bench prompts, taken by class in turn")
+    ap.add_argument("--classes", default=",".join(CLASSES), help="bench prompt classes, comma-separated")
+    ap.add_argument("--serve-args", default="", help="more flags for specrun serve, e.g. '--parallel 1 --draft none'")
     ap.add_argument("--clients", type=int, default=4, help="requests in flight in the batched pass")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--json", action="store_true", help="print every reply and position as JSON on stdout")
     args = ap.parse_args(argv)
+    args.classes = [c for c in args.classes.split(",") if c]
     for name in ("prompts", "clients", "max_tokens", "threads", "ctx"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -131,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.target, args.draft):
         if not path.is_file():
             raise SystemExit(f"error: model file {path} does not exist")
-    per_class = bench_prompts(list(CLASSES), -(-args.prompts // len(CLASSES)))
-    picked = [(c, p) for k in range(max(map(len, per_class.values()))) for c in CLASSES if k < len(per_class[c]) for p in [per_class[c][k]]]
+    per_class = bench_prompts(args.classes, -(-args.prompts // len(args.classes)))
+    picked = [
+        (c, p) for k in range(max(map(len, per_class.values()))) for c in args.classes if k < len(per_class[c]) for p in [per_class[c][k]]
+    ]
     picked = picked[: args.prompts]
     prompts = [p for _, p in picked]
 
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return len(vocab.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
 
     port = free_port()
-    cmd = command("specrun", args, port)
+    cmd = command("specrun", args, port) + shlex.split(args.serve_args)
     log = Path(tempfile.mkdtemp(prefix="batch-divergence-")) / "specrun.log"
     print(f"starting {shlex.join(cmd)}", file=sys.stderr, flush=True)
     server = Running("specrun", cmd, port, log)
