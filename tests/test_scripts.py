@@ -6,6 +6,7 @@ brew install shellcheck). Set SPECRUN_NO_SHELLCHECK=1 to skip that one test deli
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -182,3 +183,203 @@ def test_compare_serve_starts_a_server_per_turn_and_stops_it(tiny, tmp_path: Pat
     out = capsys.readouterr().out
     assert out.count("starting specrun") == 2 and out.count("run 1 specrun") == 1 and out.count("run 2 specrun") == 1
     assert any(line.split()[:3] == ["specrun", "chat", "1"] for line in out.splitlines())
+
+
+# --- scripts/tools/replay_sessions.py: agent sessions replayed through the openai client ----------
+
+
+def replay_module():
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import replay_sessions
+
+    return replay_sessions
+
+
+def test_replay_sessions_starts_each_setup_as_documented(tmp_path: Path) -> None:
+    rs = replay_module()
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert rs.main(["--bin", str(tmp_path / "bin"), "--target", "T.gguf", "--draft", "D.gguf", "-t", "2", "--dry-run"]) == 0
+    cmds = {k: v.split() for k, v in (line.split(": ", 1) for line in out.getvalue().strip().splitlines())}
+    assert list(cmds) == ["specrun", "specrun-none", "plain", "ngram-mod", "draft-simple"]
+    assert cmds["specrun"][1:2] == ["serve"] and "--draft" not in cmds["specrun"]  # specrun at its defaults
+    none = cmds["specrun-none"]
+    assert none[none.index("--draft") + 1] == "none" and none[none.index("-d") + 1] == "D.gguf"
+    assert "--spec-type" not in cmds["plain"] and "-md" not in cmds["plain"]
+    assert "--spec-type ngram-mod" in " ".join(cmds["ngram-mod"]) and "-md" not in cmds["ngram-mod"]
+    ds = cmds["draft-simple"]
+    assert ds[ds.index("-md") + 1] == "D.gguf" and ds[ds.index("--spec-type") + 1] == "draft-simple"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--setups", "specrun,bogus"], "unknown setup bogus"),
+        (["--sessions", "ask-twice,nope"], "unknown session nope"),
+        (["--runs", "0"], "--runs"),
+        (["--setups", "specrun,plain"], "--bin"),
+    ],
+)
+def test_replay_sessions_refuses_bad_arguments(args: list[str], words: str) -> None:
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS_DIR / "tools" / "replay_sessions.py"), *args, "--dry-run"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and words in result.stderr.strip().splitlines()[-1], result.stderr
+    assert result.stdout == ""
+
+
+def test_replay_sessions_are_written_as_the_issue_asks() -> None:
+    """Three kinds of session: whole-file edits resending the file, a tool loop, a repeated ask."""
+    sessions = replay_module().load_sessions()
+    edit = sessions["whole-file"]
+    assert len(edit["system"]) > 4000 and len(edit["turns"]) >= 3 and all("{file}" in t for t in edit["turns"])
+    tools = sessions["tool-loop"]
+    assert {t["function"]["name"] for t in tools["tools"]} == {"read_file", "write_file", "run_tests"}
+    assert len(sessions["ask-twice"]["turns"]) >= 2
+
+
+class ScriptedClient:
+    """Stands in for ``openai.OpenAI``: streams the given replies in turn (text, or tool calls
+    as (name, arguments) pairs, each cut into two chunks) and keeps the messages it was sent."""
+
+    def __init__(self, replies: list):
+        from types import SimpleNamespace
+
+        self.replies = list(replies)
+        self.sent: list[list[dict]] = []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    def create(self, model, messages, max_tokens, stream_options, tools=None, **_):
+        import copy
+
+        from openai.types.chat import ChatCompletionChunk
+
+        self.sent.append(copy.deepcopy(messages))
+        reply = self.replies.pop(0)
+        base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model}
+        chunks = []
+        if isinstance(reply, str):
+            for piece in (reply[: len(reply) // 2], reply[len(reply) // 2 :]):
+                chunks.append({"choices": [{"index": 0, "delta": {"content": piece}}]})
+            finish, tokens = "stop", len(reply)
+        else:
+            for i, (name, arguments) in enumerate(reply):
+                first = {"index": i, "id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments[:5]}}
+                chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [first]}}]})
+                chunks.append(
+                    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": arguments[5:]}}]}}]}
+                )
+            finish, tokens = "tool_calls", 7 * len(reply)
+        chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}})
+        return iter(ChatCompletionChunk.model_validate({**base, **c}) for c in chunks)
+
+
+def test_replay_answers_tool_calls_and_resends_the_edited_file() -> None:
+    rs = replay_module()
+    sessions = rs.load_sessions()
+    loop = sessions["tool-loop"]
+    fixed = loop["file"]["text"].replace("sum(price for", "sum(price * qty for")
+    client = ScriptedClient([
+        [("read_file", json.dumps({"path": "cart.py"}))],
+        [("write_file", json.dumps({"path": "cart.py", "content": fixed})), ("run_tests", "{}")],
+        [("run_tests", "{}")],
+        "Fixed total_price.",
+    ])  # fmt: skip
+    played = rs.play(client, "m", "tool-loop", loop, 64)
+    assert [r.tokens for r in played.requests] == [7, 14, 7, len("Fixed total_price.")] and played.tokens == 46
+    last = client.sent[-1]
+    tool_messages = [m["content"] for m in last if m["role"] == "tool"]
+    assert tool_messages[0] == loop["file"]["text"]  # read_file gave the file
+    assert tool_messages[1].startswith("wrote ") and tool_messages[2:] == loop["tool_results"]["run_tests"]  # scripted in turn
+    calls = [c for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in calls] == ["read_file", "write_file", "run_tests", "run_tests"]
+    assert json.loads(calls[1]["function"]["arguments"])["content"] == fixed  # the arguments joined from their pieces
+    assert all(m["tool_call_id"] == c["id"] for m, c in zip([m for m in last if m["role"] == "tool"], calls))
+
+    edit = sessions["whole-file"]
+    new = "x = 1\n"
+    client = ScriptedClient([f"Done.\n\ninventory.py\n```python\n{new}```\n", "inventory.py\n```python\ncut off", "No change."])
+    rs.play(client, "m", "whole-file", {**edit, "turns": edit["turns"][:3]}, 64)
+    users = [m["content"] for m in client.sent[-1] if m["role"] == "user"]
+    assert edit["file"]["text"] in users[0] and f"```python\n{new}```" in users[1]  # the reply's file is resent
+    assert f"```python\n{new}```" in users[2]  # an unclosed fence leaves the file as it was
+    assert [m["role"] for m in client.sent[-1]] == ["system", "user", "assistant", "user", "assistant", "user"]
+
+
+def test_replay_counts_what_the_server_counted(tiny, tmp_path: Path) -> None:
+    """A session against a real `specrun serve` on tiny models: its tokens are the server's
+    own count (/metrics), each request carries the replies before it, and a JSON run of the
+    script reports the same numbers and equal texts with and without drafting."""
+    import contextlib
+    import io
+
+    from serve_helpers import Server
+
+    rs = replay_module()
+    session = rs.load_sessions()["ask-twice"]
+    server = Server(["-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024", "--quiet"], tmp_path)
+    try:
+        before = server.metrics()
+        played = rs.play(rs.client_for(server.port), "target.gguf", "ask-twice", session, 6)
+        after = server.metrics()
+    finally:
+        server.stop()
+    assert len(played.requests) == len(session["turns"])
+    assert played.tokens == after["llamacpp:tokens_predicted_total"] - before.get("llamacpp:tokens_predicted_total", 0) > 0
+    done = sum(v for k, v in after.items() if k.startswith("specrun_requests_total"))
+    assert done - sum(v for k, v in before.items() if k.startswith("specrun_requests_total")) == len(played.requests)
+    for a, b in zip(played.requests, played.requests[1:]):
+        assert b.prompt_tokens > a.prompt_tokens + a.tokens  # the reply and the next turn came back
+        assert b.cached_tokens >= a.prompt_tokens + a.tokens - 1  # the reply as written: the cache held all but its last token
+    assert all(r.tokens == 6 for r in played.requests if r.finish_reason == "length")
+
+    out = io.StringIO()
+    argv = ["--setups", "specrun,specrun-none", "--sessions", "ask-twice", "--target", str(tiny["target"]), "--draft",
+            str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024", "--runs", "1", "-n", "6", "--json"]  # fmt: skip
+    with contextlib.redirect_stdout(out):
+        assert rs.main(argv) == 0
+    report = json.loads(out.getvalue())
+    assert [p["setup"] for p in report["played"]] == ["specrun", "specrun-none"] and report["mismatches"] == []
+    for p in report["played"]:
+        assert [r["tokens"] for r in p["requests"]] == [r.tokens for r in played.requests]
+        assert [r["text"] for r in p["requests"]] == [r.text for r in played.requests]
+        assert p["tokens"] == played.tokens and p["throughput"] == pytest.approx(p["tokens"] / p["wall_s"])
+
+
+def test_batch_divergence_finds_the_first_differing_character() -> None:
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import batch_divergence as bd
+
+    assert bd.first_difference("def f(x):", "def f(x):") is None
+    assert bd.first_difference("def f(x):", "def f(y):") == 6
+    assert bd.first_difference("def f", "def f(x)") == 5  # one a prefix of the other: where the shorter ends
+
+
+def test_batch_divergence_runs_its_three_passes_on_a_real_server(tiny, capsys) -> None:
+    """On the tiny models (no near-ties to speak of), 4 clients together give the texts one at
+    a time gives, prompt by prompt: the passes keep the prompts in their order."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import batch_divergence as bd
+
+    argv = ["--target", str(tiny["target"]), "--draft", str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024", "-n", "12"]
+    assert bd.main([*argv, "--prompts", "6", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["rows"]
+    assert report["parallel"] == 4 and report["clients"] == 4  # --parallel 0 on tiny models: 4 sequences
+    assert [r["class"] for r in rows] == ["chat", "code-gen", "code-edit", "explain", "chat", "code-gen"]
+    assert len({r["prompt"] for r in rows}) == 6
+    for r in rows:
+        assert r["batched_differs_at_token"] is None and r["again_differs_at_token"] is None, r
+        assert r["alone"] == r["batched"] == r["again"] and r["tokens"][0] == r["tokens"][1] == r["tokens"][2] <= 12
