@@ -126,6 +126,7 @@ def one_run(setup: str, args, run: int, logs: Path) -> dict[str, dict]:
     ask = [system, {"role": "user", "content": QUESTION}]
     n = args.max_tokens
     try:
+        stream(port, server.model, [system, {"role": "user", "content": "Hi."}], 4, None)  # a server's first decodes are slow
         out = {"edit": stream(port, server.model, edit, n, None)}
         first = stream(port, server.model, ask, n, None)  # the answer a user asks to regenerate
         out["regenerate"] = stream(port, server.model, ask, n, None)

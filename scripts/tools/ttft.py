@@ -17,7 +17,8 @@ prompts are the same at every commit. Each run puts its number in the system pro
 line, so no server answers from an earlier run's cache. Setups (``--setups``):
 
 * ``specrun``: `specrun serve -m T -d D` at its defaults; ``specrun-none``: with `--draft none`;
-  ``specrun-p1``: with `--parallel 1`;
+  ``specrun-p1``: with `--parallel 1`; ``specrun-base``: at its defaults, from the checkout
+  ``--base DIR`` (an A/B: `git worktree add --detach DIR BASE`);
 * ``plain``: `llama-server -m T`; ``draft-simple``: `llama-server -m T -md D --spec-type draft-simple`.
 
 Prints the median TTFT per setup and request over the runs, and specrun's ratio to
@@ -39,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare_serve  # noqa: E402
 
-SPECRUN_FLAGS = {"specrun": [], "specrun-none": ["--draft", "none"], "specrun-p1": ["--parallel", "1"]}
-SETUPS = ("specrun", "specrun-none", "specrun-p1", "plain", "draft-simple")
+SPECRUN_FLAGS = {"specrun": [], "specrun-none": ["--draft", "none"], "specrun-p1": ["--parallel", "1"], "specrun-base": []}
+SETUPS = ("specrun", "specrun-none", "specrun-p1", "specrun-base", "plain", "draft-simple")
 REQUESTS = ("first", "shared", "follow")
 
 
@@ -81,6 +82,8 @@ def ask(port: int, model: str, messages: list[dict], n: int) -> tuple[float, str
 
 
 def command(setup: str, args, port: int) -> list[str]:
+    if setup == "specrun-base":
+        return ["env", f"PYTHONPATH={args.base}", *compare_serve.command("specrun", args, port)]
     if setup in SPECRUN_FLAGS:
         return [*compare_serve.command("specrun", args, port), *SPECRUN_FLAGS[setup]]
     return compare_serve.command(setup, args, port)
@@ -115,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, help="llama-server's slots (-np)")
     ap.add_argument("--draft-max", type=int, default=None)
     ap.add_argument("--ngl", type=int, default=99)
+    ap.add_argument("--base", type=Path, help="setup specrun-base runs specrun from this checkout")
     ap.add_argument("--json", type=Path, help="also write every sample here")
     args = ap.parse_args(argv)
     setups = [s for s in args.setups.split(",") if s]
     bad = [s for s in setups if s not in SETUPS]
     if bad:
         raise SystemExit(f"error: unknown setup {', '.join(bad)}; pick from {', '.join(SETUPS)}")
+    if "specrun-base" in setups and not (args.base and (args.base / "specrun").is_dir()):
+        raise SystemExit("error: setup specrun-base needs --base DIR, a checkout of specrun")
     if any(s not in SPECRUN_FLAGS for s in setups) and not args.bin:
         raise SystemExit("error: llama-server setups need --bin (llama.cpp's build/bin)")
     samples: dict[str, list[dict[str, float]]] = {s: [] for s in setups}
