@@ -125,6 +125,20 @@ def test_a_conversation_keeps_its_sequence_while_others_come_and_go(par):
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"]
 
 
+def test_a_regenerate_finds_its_prompt_cached_and_gets_the_same_text(par):
+    """The same request again (a chat front end's "regenerate") holds the slot's last request
+    whole: it goes to that slot, though it throws its reply away, and not to an empty one where
+    its whole prompt would be computed again, in other batches (which can tip a near-tie)."""
+    body = {"prompt": "Rivers", "max_tokens": 64, "temperature": 0}  # a reply far longer than its prompt
+    status, _, first = par.post("/v1/completions", body)
+    assert status == 200, first
+    assert len(first["choices"][0]["text"]) > 2 * len(body["prompt"])
+    status, _, again = par.post("/v1/completions", body)
+    assert status == 200, again
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"] - 1  # all but the pending token
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+
+
 def test_a_client_that_leaves_frees_its_slot(tiny, tmp_path):
     s = Server(tiny_args(tiny, "--parallel", "2", "--max-queue", "4"), tmp_path)
     try:

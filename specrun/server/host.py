@@ -148,6 +148,7 @@ class _Past:
 
     text: str
     tokens: tuple[int, ...]
+    prompt: int = 0  # how much of ``text`` was the request's own (the rest, its reply)
 
 
 def _too_long(size: str, n_ctx: int, where: str, what: str = "prompt") -> ApiError:
@@ -503,10 +504,10 @@ class Host:
             past.pop(req.kind, None)
             return
         if reason == "stop_string":  # tokens past the stop string are not in the text: keep the prompt only
-            past[req.kind] = _Past(text, tuple(tokens))
+            past[req.kind] = _Past(text, tuple(tokens), len(text))
             return
         eog = self.pair.target.is_eog
-        past[req.kind] = _Past(text + reply, tuple(tokens) + tuple(t for t in out if not eog(t)))
+        past[req.kind] = _Past(text + reply, tuple(tokens) + tuple(t for t in out if not eog(t)), len(text))
 
     def next_id(self) -> int:
         return next(self.ids)
@@ -516,11 +517,16 @@ def _reuse(slot: _Slot, req: Request) -> int:
     """How much of what the slot holds ``req`` would reuse (characters of text, or token ids of
     a prompt given as ids), or -1 if it would throw away more than half of it: a request that
     shares only a chat template's opening with a conversation does not evict it, but goes to
-    an empty slot or, failing that, the least recently used one."""
+    an empty slot or, failing that, the least recently used one. A request that holds the
+    slot's last request whole (a regenerate, or its last reply edited) reuses it whatever it
+    throws away: it replaces that reply, and its prompt then comes from the same cache, so its
+    greedy text is the one the same prompt got there before."""
     if req.prompt_text is not None:
         past = slot.past.get(req.kind)
         held = len(past.text) if past is not None else 0
         keep = len(commonprefix([past.text, req.prompt_text])) if past is not None else 0
+        if past is not None and past.prompt and keep >= past.prompt:
+            return keep
     else:
         held = slot.target.n_past
         keep = common_prefix(slot.target.tokens, list(req.prompt_ids))
