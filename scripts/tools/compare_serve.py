@@ -155,25 +155,40 @@ class Running:
         self.out.close()
 
 
-def ask(port: int, model: str, system: str, prompt: str, n: int) -> tuple[float, float, float, int]:
-    """One streamed request: (sent, first content chunk, last chunk) as monotonic seconds, and completion tokens."""
+def stream_chat(port: int, model: str, messages: list[dict], n: int, prediction: str | None = None) -> dict:
+    """One streamed greedy chat request (with OpenAI's ``prediction`` where given): when it was
+    sent, its first content chunk came (its last chunk, if none had content) and its last chunk
+    came, as monotonic seconds; its completion tokens and text; and the prediction tokens the
+    usage says were accepted and rejected (None where it says nothing)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1800)
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+    extra = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else {}
     sent = time.monotonic()
     first = last = 0.0
-    tokens = 0
+    text, usage = [], None
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})  # fmt: skip
+                                            stream_options={"include_usage": True}, **extra)  # fmt: skip
     for chunk in stream:
-        now = time.monotonic()
-        if chunk.choices and chunk.choices[0].delta.content and not first:
-            first = now
+        last = time.monotonic()
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or last
+            text.append(chunk.choices[0].delta.content)
         if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-        last = now
-    return sent, first or last, last, tokens
+            usage = chunk.usage
+    details = getattr(usage, "completion_tokens_details", None) if usage is not None else None
+    return {
+        "sent": sent, "first": first or last, "last": last, "tokens": usage.completion_tokens if usage is not None else 0,
+        "text": "".join(text),
+        "accepted": getattr(details, "accepted_prediction_tokens", None) if details else None,
+        "rejected": getattr(details, "rejected_prediction_tokens", None) if details else None,
+    }  # fmt: skip
+
+
+def ask(port: int, model: str, system: str, prompt: str, n: int) -> tuple[float, float, float, int]:
+    """One streamed request: (sent, first content chunk, last chunk) as monotonic seconds, and completion tokens."""
+    r = stream_chat(port, model, [{"role": "system", "content": system}, {"role": "user", "content": prompt}], n)
+    return r["sent"], r["first"], r["last"], r["tokens"]
 
 
 def measure(server: Running, cls: str, prompts: list[str], clients: int, run: int, n: int) -> Sample:
@@ -246,23 +261,28 @@ def table(samples: list[Sample], setups: list[str], classes: list[str], clients:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=None, help="llama.cpp's build/bin, with llama-server (not needed for --setups specrun)")
+def server_args(ap: argparse.ArgumentParser, ctx: int = 4096, parallel: int = 4) -> None:
+    """The arguments ``command`` reads, for every script that starts these servers."""
+    ap.add_argument("--bin", default=None, help="llama.cpp's build/bin, with llama-server (not needed for the specrun setups)")
     ap.add_argument("--target", type=Path, default=MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     ap.add_argument("--draft", type=Path, default=MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
     ap.add_argument("--specrun", default=None, help="the specrun executable (default: beside this Python)")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("-c", "--ctx", type=int, default=ctx, help="context per client (llama-server gets ctx x --parallel)")
+    ap.add_argument("--parallel", type=int, default=parallel, help="llama-server's slots (-np)")
+    ap.add_argument("--draft-max", type=int, default=None, help="llama-server's --spec-draft-n-max (default: its own)")
+    ap.add_argument("--ngl", type=int, default=99)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    server_args(ap)
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
     ap.add_argument("--classes", default="code-edit,chat", help="bench prompt classes (code-edit copies, chat has little to copy)")
     ap.add_argument("--clients", default="1,4", help="concurrent clients to measure, comma-separated")
     ap.add_argument("--limit", type=int, default=4, help="prompts per class (4 clients: one prompt each)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
-    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context per client (llama-server gets ctx x --parallel)")
-    ap.add_argument("--parallel", type=int, default=4, help="llama-server's slots (-np)")
-    ap.add_argument("--draft-max", type=int, default=None, help="llama-server's --spec-draft-n-max (default: its own)")
-    ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--json", type=Path, help="also write every sample here")
     ap.add_argument("--dry-run", action="store_true", help="print the server commands, start nothing")
     args = ap.parse_args(argv)

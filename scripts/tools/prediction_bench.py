@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,30 +89,12 @@ QUESTION = "Explain, in a few short paragraphs, how a hash table handles collisi
 
 
 def stream(port: int, model: str, messages: list[dict], n: int, prediction: str | None) -> dict:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1800)
-    extra = {"prediction": {"type": "content", "content": prediction}} if prediction is not None else {}
-    sent = time.monotonic()
-    first = last = 0.0
-    text, usage = [], None
-    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}, **extra):  # fmt: skip
-        last = time.monotonic()
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first or last
-            text.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            usage = chunk.usage
-    tokens = usage.completion_tokens if usage is not None else 0
-    details = getattr(usage, "completion_tokens_details", None) if usage is not None else None
-    gen = last - first if first else 0.0
+    r = compare_serve.stream_chat(port, model, messages, n, prediction)
+    tokens, gen = r["tokens"], r["last"] - r["first"] if r["text"] else 0.0
     return {
         # the first token comes with the first chunk: the rest over the time after it
-        "tok_s": (tokens - 1) / gen if tokens > 1 and gen > 0 else 0.0, "ttft_s": (first or last) - sent, "tokens": tokens,
-        "text": "".join(text),
-        "accepted": getattr(details, "accepted_prediction_tokens", None) if details else None,
-        "rejected": getattr(details, "rejected_prediction_tokens", None) if details else None,
+        "tok_s": (tokens - 1) / gen if tokens > 1 and gen > 0 else 0.0, "ttft_s": r["first"] - r["sent"], "tokens": tokens,
+        "text": r["text"], "accepted": r["accepted"], "rejected": r["rejected"],
     }  # fmt: skip
 
 
@@ -140,18 +120,10 @@ def one_run(setup: str, args, run: int, logs: Path) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=None, help="llama.cpp's build/bin, with llama-server (not needed for --setups specrun)")
-    ap.add_argument("--target", type=Path, default=compare_serve.MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    ap.add_argument("--draft", type=Path, default=compare_serve.MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
-    ap.add_argument("--specrun", default=None, help="the specrun executable (default: beside this Python)")
+    compare_serve.server_args(ap, parallel=1)
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=512)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
-    ap.add_argument("-c", "--ctx", type=int, default=4096)
-    ap.add_argument("--parallel", type=int, default=1, help="llama-server's slots (-np)")
-    ap.add_argument("--draft-max", type=int, default=None)
-    ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--json", type=Path, help="also write every sample here")
     args = ap.parse_args(argv)
     setups = [s for s in args.setups.split(",") if s]

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import statistics
@@ -51,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_serve import MODELS, Running, command, free_port  # noqa: E402 (the helpers beside this script)
+from compare_serve import Running, command, free_port, server_args  # noqa: E402 (the helpers beside this script)
 
 SESSIONS_FILE = Path(__file__).resolve().parent / "replay_sessions.json"
 SETUPS = ("specrun", "specrun-none", "plain", "ngram-mod", "draft-simple")
@@ -280,20 +279,12 @@ def server_command(setup: str, args: argparse.Namespace, port: int) -> list[str]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=None, help="llama.cpp's build/bin, with llama-server (not needed for the specrun setups)")
-    ap.add_argument("--target", type=Path, default=MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    ap.add_argument("--draft", type=Path, default=MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
-    ap.add_argument("--specrun", default=None, help="the specrun executable (default: beside this Python)")
+    server_args(ap, ctx=8192)
     ap.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
     ap.add_argument("--sessions", default=None, help="comma-separated session names (default: all in --file)")
     ap.add_argument("--file", type=Path, default=SESSIONS_FILE, help="the sessions, as JSON")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=512, help="max_tokens of every request")
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
-    ap.add_argument("-c", "--ctx", type=int, default=8192, help="context per client (llama-server gets ctx x --parallel)")
-    ap.add_argument("--parallel", type=int, default=4, help="llama-server's slots (-np)")
-    ap.add_argument("--draft-max", type=int, default=None, help="llama-server's --spec-draft-n-max (default: its own)")
-    ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--json", action="store_true", help="print every session played and the comparison as JSON on stdout")
     ap.add_argument("--dry-run", action="store_true", help="print the server commands, start nothing")
     args = ap.parse_args(argv)

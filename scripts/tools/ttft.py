@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -66,19 +65,8 @@ def conversations(run: int) -> list[list[dict]]:
 
 def ask(port: int, model: str, messages: list[dict], n: int) -> tuple[float, str]:
     """One streamed greedy request: (ms to the first content chunk, the reply's text)."""
-    import time
-
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1800)
-    sent = time.monotonic()
-    first = 0.0
-    text = []
-    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True):
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first or time.monotonic()
-            text.append(chunk.choices[0].delta.content)
-    return (first - sent) * 1e3 if first else float("nan"), "".join(text)
+    r = compare_serve.stream_chat(port, model, messages, n)
+    return (r["first"] - r["sent"]) * 1e3 if r["text"] else float("nan"), r["text"]
 
 
 def command(setup: str, args, port: int) -> list[str]:
@@ -106,18 +94,10 @@ def one_run(setup: str, args, run: int, logs: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=None, help="llama.cpp's build/bin, with llama-server (not needed for specrun setups alone)")
-    ap.add_argument("--target", type=Path, default=compare_serve.MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    ap.add_argument("--draft", type=Path, default=compare_serve.MODELS / "qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf")
-    ap.add_argument("--specrun", default=None, help="the specrun executable (default: beside this Python)")
+    compare_serve.server_args(ap, parallel=1)
     ap.add_argument("--setups", default="specrun,specrun-none,plain", help=f"comma-separated, of {', '.join(SETUPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=8)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 4)
-    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context per client (llama-server gets ctx x --parallel)")
-    ap.add_argument("--parallel", type=int, default=1, help="llama-server's slots (-np)")
-    ap.add_argument("--draft-max", type=int, default=None)
-    ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--base", type=Path, help="setup specrun-base runs specrun from this checkout")
     ap.add_argument("--json", type=Path, help="also write every sample here")
     args = ap.parse_args(argv)
