@@ -64,6 +64,14 @@ HYBRID = frozenset(  # llm_arch_is_hybrid
 SNAPSHOTS = frozenset(  # llm_arch_supports_rs_rollback
     "kimi-k3 qwen35 qwen35moe qwen4exp deepseek4 glm5-next nemotron_h nemotron_h_moe lfm2 lfm2moe bailingmoe3".split()
 )
+# the graphs that hand out their layers' inputs (src/models/*.cpp that set res->t_layer_inp, and the
+# architectures built by them): what an EAGLE-3 head and a block drafter read. Any other target
+# stops llama.cpp in an assert at its first decode once they are asked for (qwen2 among them)
+LAYER_INPUTS = frozenset(
+    """bailingmoe3 deepseek4 gemma4 gpt-oss hunyuan-dense hunyuan_vl lfm2 lfm2moe llama llama-embed mimo2
+    minimax-01 minimax-m2 muse-glimmer nanbeige nemotron_h nemotron_h_moe qwen3 qwen35 qwen35moe qwen3moe
+    qwen3next qwen4exp""".split()
+)
 # how each hybrid marks its recurrent layers (the model loaders in src/models/*.cpp)
 _BY_INTERVAL = frozenset("qwen3next qwen35 qwen35moe qwen4exp".split())  # attention every full_attention_interval-th layer
 _NO_KV_HEADS = frozenset("granitehybrid jamba plamo2 lfm2 lfm2moe kimi-linear".split())  # n_head_kv == 0
@@ -157,6 +165,14 @@ def installed_version() -> str | None:
 
 def loadable(name: str) -> bool | None:
     if name in KNOWN:
+        return True
+    return False if installed_version() == LIST_VERSION else None
+
+
+def hands_out_layer_inputs(name: str) -> bool | None:
+    """Can the installed llama.cpp read a target of this architecture's layer inputs? (None:
+    another version is installed, and it is left to llama.cpp to say.)"""
+    if name in LAYER_INPUTS:
         return True
     return False if installed_version() == LIST_VERSION else None
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from specrun.gguf.architecture import LIST_VERSION, hands_out_layer_inputs
 from specrun.gguf.header import TensorInfo, tensor_bytes
 
 if TYPE_CHECKING:
@@ -221,6 +222,11 @@ class HeadFile:
             return f"it drafts for {want} targets, and {t.path.name} is {t.architecture}"
         if self.target_hidden != t.n_embd:
             return f"it was trained for a {self.target_hidden}-wide target, and {t.path.name} is {t.n_embd} wide"
+        if self.source in ("eagle3", "dflash") and hands_out_layer_inputs(t.architecture) is False:
+            return (
+                f"it reads the target's layer inputs, which llama.cpp (llama-cpp-python {LIST_VERSION}) hands out only from some "
+                f"architectures' graphs, not {t.architecture}'s (it would stop in an assert at the first decode)"
+            )
         if self.source == "eagle3":
             if len(self.target_layers) != 3:
                 return f"it names {len(self.target_layers)} target layers (llama.cpp's EAGLE-3 reads exactly 3)"
