@@ -16,7 +16,7 @@ import heads_run
 import llama_cpp as ll
 import numpy as np
 import pytest
-from heads_run import N_TOKENS, PROMPTS
+from heads_run import FLAT, N_TOKENS, PROMPTS
 from tiny_dflash import (
     BLOCK_SIZE,
     DFLASH2_KEYS,
@@ -34,7 +34,9 @@ from tiny_eagle3 import build_eagle3
 from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 
 from specrun.cli.main import main
+from specrun.decode.costs import CostModel
 from specrun.decode.engine import Settings
+from specrun.decode.sampling import Sampler
 from specrun.decode.sources.dflash import DFlashSource
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
@@ -319,6 +321,36 @@ def test_the_law_check_catches_a_wrong_law(targets, monkeypatch):
     assert tv > limit, (tv, limit)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_block_is_as_long_as_the_round_plans_and_priced_at_that_length(targets, kind, monkeypatch):
+    """Every row of a block pays for the target's output head (on a CPU, 16 rows can cost more
+    than a target step), so a round planned at k drafts a block of k, never the drafter's longest,
+    and the chooser prices it off the block times measured at several lengths."""
+    target, _ = targets[kind]
+    h = target.dflash
+    asked: list[int] = []
+    draft = DFlashHead.draft
+
+    def counted(self, last_token, pos, n):
+        asked.append(n)
+        return draft(self, last_token, pos, n)
+
+    monkeypatch.setattr(DFlashHead, "draft", counted)
+    src = DFlashSource(h, Sampler(0.0), np.random.default_rng(0), target.n_vocab, CostModel(dict(FLAT)), h.max_draft)
+    prompt = target.tokenize(PROMPTS[1])
+    target.reset()
+    target.eval(prompt[:-1], logits="none")
+    src.begin(prompt, lambda: True)
+    assert src.block_s is not None and set(asked) == {int(n) for n in src.sizes} and src.sizes[-1] == h.max_draft
+    for i, n in enumerate(src.sizes):  # the curve is what was measured, and read between its points
+        assert src.cost(int(n)) == pytest.approx(src.block_s[i])
+    assert src.cost(3) == pytest.approx((src.block_s[1] + src.block_s[2]) / 2)
+    for k in (1, 3, h.max_draft):
+        asked.clear()
+        p = src.propose(prompt, k, 0.0)
+        assert asked == [k] and len(p.tokens) == k
+
+
 # --- the CLI --------------------------------------------------------------------------------
 
 
@@ -405,3 +437,24 @@ def test_a_block_drafter_put_beside_the_target_is_found_and_drafts(tiny, drafter
     listed = json.loads(out)
     assert [d["refs"] for d in listed["drafts"]] == [["DSpark-Tiny.gguf"]]
     assert ["dflash-wide.gguf"] in [c["refs"] for c in listed["cannot_draft"]]
+
+
+@pytest.mark.parametrize("head", ["dflash", "eagle3"])
+def test_a_target_whose_graph_hands_out_no_layer_inputs_is_refused_in_one_line(tiny, drafters, tmp_path, head, capsys):
+    """llama.cpp 0.3.36's qwen2 graph (the demo target's architecture) records no layer inputs:
+    asked for them, it stops in an assert at the first decode. A block drafter or an EAGLE-3 head
+    for such a target is refused from the headers, before anything loads, exit 2; check-pair says
+    why."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "tools"))
+    import as_llama
+
+    target = as_llama.rewrite(tiny["target"], tmp_path / "qwen2-target.gguf", "qwen2")  # the same network, a qwen2 header
+    draft = drafters["dflash"] if head == "dflash" else build_eagle3(tmp_path / "eagle3")["eagle3"]
+    code, out, err = cli(["generate", "-m", str(target), "-d", str(draft), "-p", "hi", "-n", "2", "-t", "1"], capsys)
+    assert code == EXIT_USAGE and "not qwen2's" in one_line(err) and not out
+    code, out, _ = cli(["check-pair", "-m", str(target), "-d", str(draft), "--json"], capsys)
+    assert code == EXIT_FAIL and "not qwen2's" in json.dumps(json.loads(out)["draft_head"])
+    code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(draft), "-p", "hi", "-n", "2", "-t", "1"], capsys)
+    assert code == 0, err  # the llama header of the same network hosts it
