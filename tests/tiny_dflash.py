@@ -290,9 +290,9 @@ def with_recency(base: Weights, vocab: Vocab, target: Weights, seed: int = DFLAS
     """``base`` with head C attending by position: the mask rows' query and the injected rows'
     keys get a component on the rotary dimensions (a fixed one, and one that varies with g), so
     each injected row's weight in the average depends on its distance from the block, through
-    every rotary pair. A fourth of their norm (RECENCY) lies on dimensions the other side does
-    not use, so the scores stay mild. With M-RoPE sections past the first, an injected row
-    roped at the wrong height or width position gets another weight."""
+    every rotary pair. Each also has a part about RECENCY times larger on dimensions the other
+    does not use, so that after q_norm and k_norm the scores stay mild. With M-RoPE sections past
+    the first, an injected row roped at the wrong height or width position gets another weight."""
     rng = np.random.default_rng(seed + 3)
     keep = N_EMBD - G_DIMS
     block = np.zeros(N_EMBD)

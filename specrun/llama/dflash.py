@@ -28,9 +28,12 @@ positions and nothing else between blocks.
 
 A drafter for an M-RoPE target (Qwen3.5's) carries rope sections, and llama.cpp then ropes it as
 M-RoPE: an embeddings row has four positions, written as llama.cpp's loop writes them (the
-target's text position three times, then 0); a token row has one, which llama.cpp repeats. Its
-cache refuses an embeddings row below a position it holds, so a rollback reaches the drafter
-before the target replays anything (``Model.rollback``).
+target's text position three times, then 0); a token row has one, which llama.cpp repeats.
+llama.cpp checks such a cache's positions less than a plain one's: it refuses an embeddings row
+below a position it holds, but takes one at the same position or past a gap, where a plain cache
+insists on the next. So llama.cpp would not notice rows out of step: the counts here
+(``n_past``, ``injected``) are kept exact, and a rollback reaches the drafter before the target
+replays anything (``Model.rollback``).
 """
 
 from __future__ import annotations
