@@ -206,11 +206,13 @@ def write_dflash(
     n_embd: int = N_EMBD,
     extra: dict[str, int | bool] | None = None,
     name: str = "tiny-dflash",
+    rope_sections: tuple[int, ...] | None = None,
 ) -> Path:
     """Write one dflash GGUF (the target's tokenizer, as llama.cpp's converter copies it);
     rewrites ``path`` only if its bytes would change. ``target_layers``, ``block_size`` or
     ``mask_token`` None leaves that key out (``mask_token`` -1: MASK_TOKEN's id); ``extra``: more
-    ``dflash.*`` keys (DFlash2's, DSpark's)."""
+    ``dflash.*`` keys (DFlash2's, DSpark's); ``rope_sections``: M-RoPE sections (llama.cpp then
+    ropes the drafter as M-RoPE, four positions per injected row)."""
     path = Path(path)
     w, tmp = begin(path, "dflash", name, len(vocab), n_embd)
     w.add_block_count(sum(1 for k in weights if k.endswith("attn_q.weight")))
@@ -222,6 +224,8 @@ def write_dflash(
     w.add_rope_dimension_count(N_ROT)
     w.add_rope_freq_base(ROPE_FREQ_BASE)
     w.add_layer_norm_rms_eps(RMS_EPS)
+    if rope_sections is not None:
+        w.add_rope_dimension_sections(list(rope_sections))
     # the keys of llama.cpp's src/llama-arch.cpp (this gguf package predates them)
     if target_layers is not None:
         w.add_array("dflash.target_layers", list(target_layers))
@@ -272,8 +276,80 @@ def build_dflash(directory: str | os.PathLike[str]) -> dict[str, Path]:
     }
 
 
+# --- drafters for tiny_hybrid's qwen35 target (gated delta-net + attention, M-RoPE) -----------
+
+HYBRID_TARGET_LAYERS = (1, 3)  # the inputs of its attention layers, each after a delta-net layer's state
+# the drafter's M-RoPE sections over its N_ROT // 2 rotary pairs: pairs 2.. follow the height and
+# width positions (released drafters carry TEMPORAL_SECTIONS: every pair follows the first)
+MROPE_SECTIONS = (2, 3, 3, 0)
+TEMPORAL_SECTIONS = (N_ROT // 2, 0, 0, 0)
+RECENCY = 3.0  # head C's query and keys: the part off its rotary dimensions, against the part on them
+
+
+def with_recency(base: Weights, vocab: Vocab, target: Weights, seed: int = DFLASH_SEED) -> Weights:
+    """``base`` with head C attending by position: the mask rows' query and the injected rows'
+    keys get a component on the rotary dimensions (a fixed one, and one that varies with g), so
+    each injected row's weight in the average depends on its distance from the block, through
+    every rotary pair. Each also has a part about RECENCY times larger on dimensions the other
+    does not use, so that after q_norm and k_norm the scores stay mild. With M-RoPE sections past
+    the first, an injected row roped at the wrong height or width position gets another weight."""
+    rng = np.random.default_rng(seed + 3)
+    keep = N_EMBD - G_DIMS
+    block = np.zeros(N_EMBD)
+    block[:keep] = 1.0
+    x_mask = _rms_norm(target["token_embd.weight"][vocab.id_of(MASK_TOKEN)]) * block
+    on_mask = x_mask / (x_mask @ x_mask)  # a query row reading 1 on the mask row
+    c = 2 * HEAD_DIM  # head C's first row
+    wq, wk = base["blk.0.attn_q.weight"].copy(), base["blk.0.attn_k.weight"].copy()
+    direction = rng.normal(size=N_ROT)
+    wq[c : c + N_ROT] = np.outer(direction / np.linalg.norm(direction), on_mask)
+    wq[c + N_ROT] = RECENCY * on_mask
+    wk[c : c + N_ROT, keep:] = rng.normal(0.0, 1.0 / G_DIMS**0.5, size=(N_ROT, G_DIMS))
+    wk[c + N_ROT + 1 : c + N_ROT + 1 + G_DIMS, keep:] = RECENCY * np.eye(G_DIMS)
+    return {**base, "blk.0.attn_q.weight": wq.astype(np.float32), "blk.0.attn_k.weight": wk.astype(np.float32)}
+
+
+def build_hybrid_dflash(directory: str | os.PathLike[str]) -> dict[str, Path]:
+    """Drafters for tiny_hybrid's ``qwen35`` target, as ``<directory>/<name>.gguf`` (idempotent),
+    taught on its first block as the ones above, reading its layers HYBRID_TARGET_LAYERS, head C
+    attending by position, M-RoPE:
+
+    qwen35-dflash            DFlash, MROPE_SECTIONS
+    qwen35-dspark            DSpark (Markov and confidence heads), MROPE_SECTIONS
+    qwen35-dflash2           DFlash2 (convolutions and selector), MROPE_SECTIONS
+    qwen35-dflash-temporal   qwen35-dflash with TEMPORAL_SECTIONS: on text (every position
+                             (p, p, p, 0)) it drafts exactly what qwen35-dflash does
+    """
+    from tiny_hybrid import hybrid_variants
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = bpe_vocab()
+    _, target = hybrid_variants()["qwen35"]
+    base = with_recency(dflash_weights(target, vocab), vocab, target)
+    kinds = {
+        "qwen35-dflash": (base, {}, MROPE_SECTIONS),
+        "qwen35-dspark": (dspark_weights(base, target), DSPARK_KEYS, MROPE_SECTIONS),
+        "qwen35-dflash2": (dflash2_weights(base), DFLASH2_KEYS, MROPE_SECTIONS),
+        "qwen35-dflash-temporal": (base, {}, TEMPORAL_SECTIONS),
+    }
+    return {
+        name: write_dflash(
+            directory / f"{name}.gguf",
+            vocab=vocab,
+            weights=w,
+            target_layers=HYBRID_TARGET_LAYERS,
+            extra=extra,
+            name=f"tiny-{name}",
+            rope_sections=sections,
+        )
+        for name, (w, extra, sections) in kinds.items()
+    }
+
+
 if __name__ == "__main__":
     import sys
 
-    for variant, written in build_dflash(sys.argv[1] if len(sys.argv) > 1 else ".").items():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    for variant, written in (build_dflash(out) | build_hybrid_dflash(out)).items():
         print(f"{variant:12} {written}  {written.stat().st_size:,} bytes")

@@ -25,6 +25,15 @@ drafter's n_ubatch (a non-causal batch over it is an assert). A verify's rejecte
 rolled back before that, so they are mostly never injected at all; those that were are removed
 from the cache. After a block is read, its cells are removed again: the cache holds the target's
 positions and nothing else between blocks.
+
+A drafter for an M-RoPE target (Qwen3.5's) carries rope sections, and llama.cpp then ropes it as
+M-RoPE: an embeddings row has four positions, written as llama.cpp's loop writes them (the
+target's text position three times, then 0); a token row has one, which llama.cpp repeats.
+llama.cpp checks such a cache's positions less than a plain one's: it refuses an embeddings row
+below a position it holds, but takes one at the same position or past a gap, where a plain cache
+insists on the next. So llama.cpp would not notice rows out of step: the counts here
+(``n_past``, ``injected``) are kept exact, and a rollback reaches the drafter before the target
+replays anything (``Model.rollback``).
 """
 
 from __future__ import annotations
@@ -88,6 +97,9 @@ class DFlashHead:
     """A block drafter (a GGUF of arch ``dflash``) beside its target; see the module."""
 
     what = "DFlash drafter"  # for messages
+    n_past: int  # positions accounted for: injected, or queued
+    injected: int  # positions in the cache
+    _queue: list[np.ndarray]  # the target's rows for positions injected.., oldest first
 
     def __init__(self, target: Model, path: str | Path, opts: LoadOptions | None = None):
         """``opts``: where the drafter's own weights go (by default where the target's did).
@@ -185,7 +197,7 @@ class DFlashHead:
                 if idx < 0:  # pragma: no cover - its width is checked against the model's
                     raise BackendError(f"the {self.what}' batch refused a target row (code {idx})")
                 p = self.injected + lo + i
-                self._pos[0] = self._pos[1] = self._pos[2] = p  # (an M-RoPE drafter reads four)
+                self._pos[0] = self._pos[1] = self._pos[2] = p  # an M-RoPE drafter reads four: text's
                 self._pos[3] = 0
                 ll.llama_batch_ext_set_pos(self._batch, idx, self._pos)
             self._run("take the target's layers")
@@ -213,9 +225,9 @@ class DFlashHead:
 
     def reset(self) -> None:
         ll.llama_memory_clear(self._mem, True)
-        self.n_past = 0  # positions accounted for: injected, or queued
-        self.injected = 0  # positions in the cache
-        self._queue: list[np.ndarray] = []  # the target's rows for positions injected.., oldest first
+        self.n_past = 0
+        self.injected = 0
+        self._queue = []
 
     @property
     def cached(self) -> int:
@@ -248,7 +260,7 @@ class DFlashHead:
             idx = ll.llama_batch_ext_add_token(self._batch, 0, last_token if i == 0 else self.mask)
             if idx < 0:  # pragma: no cover - the mask token is checked from the header
                 raise BackendError(f"the {self.what}' batch refused token {last_token if i == 0 else self.mask} (code {idx})")
-            self._pos[0] = pos + i
+            self._pos[0] = pos + i  # (a token row reads one position, on M-RoPE too)
             ll.llama_batch_ext_set_pos(self._batch, idx, self._pos)
             if outputs:
                 ll.llama_batch_ext_set_output_logits(self._batch, idx, True)
