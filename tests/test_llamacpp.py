@@ -54,6 +54,22 @@ def test_the_draft_model_setting_needs_a_draft_model():
         parse_settings("draft-simple@8", has_draft=False)
 
 
+def test_a_block_drafter_runs_under_its_own_type_at_the_lengths_users_try():
+    """llama.cpp runs a DFlash or DFlash2 file as draft-dflash and a DSpark one as draft-dspark
+    (each at its n-max); a draft model's type, or the other block type, is refused in one line."""
+    assert parse_settings(None, has_draft=True, block="dspark") == [f"draft-dspark@{n}" for n in (2, 4, 8, 16)]
+    assert parse_settings(None, has_draft=True, block="dflash2") == [f"draft-dflash@{n}" for n in (2, 4, 8, 16)]
+    assert parse_settings("draft-dflash@3,ngram-mod", has_draft=True, block="dflash") == ["draft-dflash@3", "ngram-mod"]
+    for text, block, words in (
+        ("draft-simple", "dspark", "use draft-dspark"), ("draft-dflash", "dspark", "use draft-dspark"),
+        ("draft-dspark", None, "needs a block drafter"),
+    ):  # fmt: skip
+        with pytest.raises(UsageError) as e:
+            parse_settings(text, has_draft=True, block=block)
+        assert words in str(e.value)
+    assert parse_settings("draft-dspark@4", has_draft=False, pair_known=False) == ["draft-dspark@4"]  # before the load
+
+
 def test_both_tools_get_the_same_files_threads_context_and_greedy_decoding(tmp_path):
     t, d, f = tmp_path / "t.gguf", tmp_path / "d.gguf", tmp_path / "p.txt"
     run = LlamaCpp(tmp_path, t, d, threads=3, n_ctx=2048)
@@ -209,3 +225,29 @@ def test_the_tool_is_given_the_prompt_tokens_specrun_decodes(tiny, tool, tmp_pat
         pair.close()
     stats = LlamaCpp(tool, tiny["target"], None, threads=1, n_ctx=512).run("ngram-simple", f, 4)
     assert stats.n_prompt_tokens == len(ours) and stats.n_generated >= 4
+
+
+def test_the_real_tool_runs_a_block_drafter_beside_specrun(tiny, tool, tmp_path):
+    """With a block drafter as the draft, llama.cpp's draft-dspark runs the same file beside
+    specrun's --draft dflash, drafting and accepting from it, rated per class."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_dflash import build_dflash
+
+    dspark = build_dflash(tmp_path / "drafters")["dspark"]
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    _register()
+    argv = bench_argv(tiny, prompts, "--runs", "1", "-n", "12", "--draft", "dflash", "--llama-cpp", "--llama-cpp-bin", str(tool), "--json")
+    argv[argv.index("-d") + 1] = str(dspark)
+    argv += ["--llama-cpp-settings", "draft-dspark@2,draft-dspark@8"]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, (r.output, r.exception)
+    data = json.loads(r.stdout)
+    theirs = [PREFIX + "draft-dspark@2", PREFIX + "draft-dspark@8"]
+    assert data["modes"] == ["none", "dflash", *theirs]
+    for m in theirs:
+        drafted = sum(data["classes"][cls][m]["drafted"] for cls in ("code", "chat"))
+        accepted = sum(data["classes"][cls][m]["accepted"] for cls in ("code", "chat"))
+        assert drafted > 0 and 0 < accepted <= drafted, (m, drafted, accepted)
+    assert set(data["against_llama_cpp"]) == {"code", "chat", "overall"}

@@ -1,7 +1,8 @@
 """llama.cpp's own speculative decoding, run on the bench's prompts beside specrun's modes.
 
 The outside baseline a user of llama.cpp knows: ``llama-speculative-simple`` with one
-``--spec-type`` (its draft model, ``draft-simple``, or one of its n-gram lookups), greedy, at
+``--spec-type`` (its draft model, ``draft-simple``; a block drafter, ``draft-dflash`` or
+``draft-dspark``; or one of its n-gram lookups), greedy, at
 its defaults or with a fixed ``--spec-draft-n-max``. It runs as its own process on the same
 GGUF files and the same prompt text (the chat template rendered here, so both tools read the
 same tokens), and reports its own decode speed, which excludes loading and the prompt, as
@@ -24,7 +25,8 @@ from specrun.gguf.architecture import installed_version
 TOOL = "llama-speculative-simple"
 DRAFT_SETTINGS = ("draft-simple", "draft-simple@4", "draft-simple@8", "draft-simple@16")  # what --draft 8 users compare
 NGRAM_SETTINGS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-TYPES = ("draft-simple", *NGRAM_SETTINGS)
+BLOCK_TYPES = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark"}  # by the drafter's kind
+TYPES = ("draft-simple", "draft-dflash", "draft-dspark", *NGRAM_SETTINGS)
 PREFIX = "llama.cpp:"  # how the bench names these modes, beside its own
 
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
@@ -61,10 +63,14 @@ def write_prompt(path: Path, text: str) -> Path:
     return path
 
 
-def parse_settings(text: str | None, has_draft: bool) -> list[str]:
+def parse_settings(text: str | None, has_draft: bool, block: str | None = None, pair_known: bool = True) -> list[str]:
     """``draft-simple,draft-simple@8`` -> the settings; None: the draft model's at its defaults
-    and n-max 4, 8 and 16 where the pair has a draft model, else every n-gram type."""
+    and n-max 4, 8 and 16 where the pair has a draft model (``block``: a block drafter of that
+    kind, whose type llama.cpp runs it with, at n-max 2, 4, 8 and 16), else every n-gram type.
+    ``pair_known`` False: before the pair loads, only the settings' spelling is checked."""
     if text is None:
+        if block is not None:
+            return [f"{BLOCK_TYPES[block]}@{n}" for n in (2, 4, 8, 16)]
         return list(DRAFT_SETTINGS if has_draft else NGRAM_SETTINGS)
     out = []
     for spec in (s.strip() for s in text.split(",") if s.strip()):
@@ -74,8 +80,14 @@ def parse_settings(text: str | None, has_draft: bool) -> list[str]:
                 f"llama.cpp's settings are its types ({', '.join(TYPES)}), each optionally @N for its n-max, got {spec!r}",
                 "e.g. draft-simple,draft-simple@8",
             )
-        if kind.startswith("draft") and not has_draft:
+        if not pair_known:
+            pass
+        elif kind.startswith("draft") and not has_draft:
             raise UsageError(f"llama.cpp's {kind} needs a draft model", "give the pair a draft model, or pick an n-gram type")
+        elif kind.startswith("draft") and block is not None and kind != BLOCK_TYPES[block]:
+            raise UsageError(f"llama.cpp's {kind} cannot run this pair's {block} block drafter", f"use {BLOCK_TYPES[block]}")
+        elif kind in BLOCK_TYPES.values() and block is None:
+            raise UsageError(f"llama.cpp's {kind} needs a block drafter, and this pair's draft is a draft model", "use draft-simple")
         out.append(spec)
     if not out:
         raise UsageError("llama.cpp's settings: got none", "e.g. draft-simple,draft-simple@8")

@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         tool = None
         if llama_cpp:  # before the load: a missing tool or a bad setting is said at once
             tool = find_bin(llama_cpp_bin)
-            parse_settings(llama_cpp_settings, has_draft=True)
+            parse_settings(llama_cpp_settings, has_draft=True, pair_known=False)
         pair = load_pair(opts, err, dataclasses.replace(opts.settings, mode=need))
         target_label, draft_label = pair.labels
         if pair.settings_for(dataclasses.replace(opts.settings, mode="hybrid")).mode != "hybrid":  # hybrid would be ngram here
@@ -132,10 +132,9 @@ def register(app: typer.Typer) -> None:
         try:
             if tool is not None:
                 prompt_dir = tempfile.TemporaryDirectory(prefix="specrun-bench-")
-                runner = LlamaCpp(
-                    tool, pair.target_info.path, pair.draft_info.path if pair.draft_info else None, opts.pair.threads,
-                    opts.pair.n_ctx, opts.pair.gpu_layers,
-                )  # fmt: skip
+                block = pair.dflash.kind if pair.dflash is not None else None  # its file is the draft llama.cpp loads
+                drafter = pair.dflash.path if pair.dflash is not None else pair.draft_info.path if pair.draft_info else None
+                runner = LlamaCpp(tool, pair.target_info.path, drafter, opts.pair.threads, opts.pair.n_ctx, opts.pair.gpu_layers)
                 files = [
                     write_prompt(
                         Path(prompt_dir.name) / f"prompt{i}.txt",
@@ -143,7 +142,7 @@ def register(app: typer.Typer) -> None:
                     )
                     for i, p in enumerate(plist)
                 ]
-                for setting in parse_settings(llama_cpp_settings, pair.draft_info is not None):
+                for setting in parse_settings(llama_cpp_settings, drafter is not None, block):
                     outside[PREFIX + setting] = lambda i, n, setting=setting: runner.run(setting, files[i], n)
 
             def tokenize(p):
