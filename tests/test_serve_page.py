@@ -60,10 +60,12 @@ def test_the_stream_says_which_text_came_from_which_drafts(server):
         if c["choices"] and c["choices"][0]["delta"].get("role"):
             continue  # the opening chunk: nothing generated yet
         ext = c["specrun"]
-        assert set(ext["stats"]) == {"generated", "tok_s", "drafted", "accepted", "by_source"}
+        assert set(ext["stats"]) == {"generated", "tok_s", "drafted", "accepted", "by_source", "tree_rounds", "tree_nodes", "branch_wins"}
+        assert ext["stats"]["tree_rounds"] == ext["stats"]["branch_wins"] == 0  # no --tree
         if content:
             assert "".join(t for t, _ in ext["spans"]) == content  # the spans are the content, cut by source
             sources |= {src for _, src in ext["spans"]}
+            assert all(len(span) == 2 for span in ext["spans"])  # no branch without --tree
     assert sources <= {"model", "ngram", None} and "model" in sources
     last = chunks[-1]["specrun"]["stats"]
     assert last["generated"] == chunks[-1]["timings"]["predicted_n"] and last["accepted"] == chunks[-1]["timings"]["draft_n_accepted"]
