@@ -410,3 +410,26 @@ def test_without_trees_nothing_is_counted_and_nothing_marked(loaded, monkeypatch
         assert s.n_drafted > 0 and (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == (0, 0, 0)
         assert not any(branch for ev in events for _, _, branch in ev.segments)
     assert spy.rounds == 0
+
+
+def test_generate_json_reports_tokens_per_verify_and_the_trees_a_branch_won(tiny, capsys, monkeypatch):
+    import json
+
+    from specrun.cli.main import main
+
+    base = ["generate", "-m", str(tiny["target"]), "-t", "1", "-c", "512", "-n", "64", "--json"]
+    base += ["-d", str(tiny["draft-perturbed"]), "--draft", "model", "--draft-max", "4", "--fixed", "--draft-p-min", "0"]
+    wins = 0
+    for p in PROMPTS:
+        spy = TreeSpy(monkeypatch)
+        assert main([*base, "-p", p, "--tree"]) == 0
+        s = json.loads(capsys.readouterr().out)["stats"]
+        assert (s["n_tree_rounds"], s["n_tree_nodes"], s["n_branch_wins"]) == (spy.rounds, spy.nodes, spy.wins) and spy.rounds > 0
+        assert s["branch_win_rate"] == round(spy.wins / spy.rounds, 4)
+        assert s["tokens_per_decode"] == round(s["n_generated"] / s["n_rounds"], 4)  # one verify a round
+        wins += spy.wins
+    assert wins > 0
+    spy = TreeSpy(monkeypatch)
+    assert main([*base, "-p", PROMPTS[0]]) == 0
+    s = json.loads(capsys.readouterr().out)["stats"]
+    assert (s["n_tree_rounds"], s["n_tree_nodes"], s["n_branch_wins"], s["branch_win_rate"]) == (0, 0, 0, 0.0) and spy.rounds == 0
