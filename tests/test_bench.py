@@ -3,11 +3,14 @@ Markdown report, and one-line errors with exit codes for bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from specrun.bench.runner import BenchPrompt, load_prompts, run_bench
@@ -132,9 +135,9 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     lines = out.splitlines()
     header = lines.index(
         "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len "
-        "| accept by position | accepted / drafted by source | same text as plain |"
-    )
-    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|---|"
+        "| tokens per verify | accept by position | accepted / drafted by source | same text as plain |"
+    )  # no column for the branches' wins: no tree ran
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|---|---|---|---|"
     rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
     assert [r.split(" | ")[:2] for r in rows[:4]] == [
         ["| code", "none"],
@@ -144,7 +147,8 @@ def test_markdown_prints_tables_with_header_rows(tiny, tmp_path, capsys):
     ]
     assert all(r.endswith("| yes |") for r in rows[:4])
     assert "| code | model |" in out and " 100% |" in rows[1]
-    drafted = rows[1].split(" | ")[8]  # the copy of the target: every draft accepted, all by the model
+    drafted = rows[1].split(" | ")[9]  # the copy of the target: every draft accepted, all by the model
+    assert float(rows[1].split(" | ")[7]) > 1.0 and rows[0].split(" | ")[7] == "1.00"  # tokens per verify: plain's is one
     assert drafted.startswith("model ") and len(set(drafted.removeprefix("model ").split("/"))) == 1
     assert "| mode | predicted speedup | measured speedup |" in out
     assert "| verify batch |" in out
@@ -365,3 +369,53 @@ def test_the_tables_cut_no_number_or_name_in_a_terminal_of_any_width(tiny, tmp_p
     for cls in ("code", "chat", "overall"):
         assert re.search(rf"^│ {cls} +│ hybrid +│ +\d+\.\d +│", out, re.M), cls  # a row with its tok/s whole
     assert "measured cost model" in out  # a table where it fits, else a line
+
+
+def test_bench_reports_tokens_per_verify_and_the_trees_a_branch_won_where_trees_ran(tiny):
+    """On a target opened for trees, each sample's tree rounds, nodes and branch wins are those
+    the target verified (read off its calls between one sample and the next; the first sample's
+    also hold the warm-ups), and each mode's add them up; the tables get a column for them."""
+    from test_trees import PROMPTS as TREE_PROMPTS
+    from test_trees import TreeSpy
+
+    from specrun.cli.bench import tables, to_markdown
+
+    seen: list[tuple[int, int, int]] = []
+    prompts = [BenchPrompt(f"p{i}", p, chat=False) for i, p in enumerate(TREE_PROMPTS)]
+    settings = Settings(draft_max=4, p_min=0.0, fixed=True, tree=True)
+    flat = CostModel({b: 0.001 * (1 + 0.01 * b) for b in (1, 2, 4, 8)})
+    with pytest.MonkeyPatch.context() as mp:
+        spy = TreeSpy(mp)
+        with (
+            Model(tiny["target"], LoadOptions(n_ctx=512, n_threads=1, tree_branches=8)) as t,
+            Model(tiny["draft-perturbed"], LoadOptions(n_ctx=512, n_threads=1)) as d,
+        ):
+            result = run_bench(
+                t, d, prompts, ["model"], Sampler(0.0), settings, lambda p: t.tokenize(p.prompt, add_special=True), 128, 1, flat,
+                lambda sample: seen.append((spy.rounds, spy.nodes, spy.wins)),
+            )  # fmt: skip
+    for before, after, sample in zip(seen, seen[1:], result.samples[1:]):
+        s = sample.stats
+        assert (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == tuple(b - a for a, b in zip(before, after)), sample
+    data = result.to_json()["classes"]["overall"]
+    model = [s.stats for s in result.samples if s.mode == "model"]
+    assert data["model"]["tree_rounds"] == sum(s.n_tree_rounds for s in model) > 0
+    assert data["model"]["tree_nodes"] == sum(s.n_tree_nodes for s in model)
+    assert data["model"]["branch_wins"] == sum(s.n_branch_wins for s in model) > 0
+    assert data["model"]["branch_win_rate"] == round(data["model"]["branch_wins"] / data["model"]["tree_rounds"], 4)
+    assert data["model"]["tokens_per_decode"] == round(sum(s.n_generated for s in model) / sum(s.n_target_decodes for s in model), 4)
+    assert (data["none"]["tree_rounds"], data["none"]["branch_wins"], data["none"]["tokens_per_decode"]) == (0, 0, 1.0)
+
+    def header(res) -> str:
+        c = Console(record=True, width=400, file=io.StringIO(), color_system=None)
+        for part in tables(res):
+            c.print(part)
+        return next(line for line in c.export_text().splitlines() if "tok/verify" in line)
+
+    assert "branch won" in header(result)
+    md = to_markdown(result)
+    m = data["model"]
+    assert "| a branch won / trees |" in md and f"| {m['branch_wins']}/{m['tree_rounds']} ({100 * m['branch_win_rate']:.0f}%) |" in md
+    result.samples = [dataclasses.replace(s, stats=dataclasses.replace(s.stats, n_tree_rounds=0, n_tree_nodes=0, n_branch_wins=0))
+                      for s in result.samples]  # fmt: skip
+    assert "branch won" not in header(result) and "a branch won" not in to_markdown(result)  # no tree ran: no column

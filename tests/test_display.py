@@ -145,6 +145,28 @@ def test_stats_table_built_from_rounds():
     assert squash(render(status_line(s))).count("draft K=0") == 1  # the last round drafted nothing
 
 
+def test_tree_counts_show_only_where_trees_ran(run):
+    for shown in (status_line(run), summary_line(run), stats_table(run)):
+        assert "branch" not in squash(render(shown)) and "tree" not in squash(render(shown))
+    run.n_tree_rounds, run.n_tree_nodes, run.n_branch_wins = 8, 48, 2
+    assert "trees 8 (48 nodes), a branch won 2 (25%), 2.50 tok/verify" in squash(render(status_line(run)))
+    assert summary_line(run).endswith("| finish: length | trees 8 (48 nodes), a branch won 2 (25%)")
+    text = render(stats_table(run))
+    assert row(text, "token trees")[1] == "8 rounds, 48 nodes verified"
+    assert row(text, "a branch other than the first won")[1] == "2 rounds (25.0%)"
+
+
+def test_text_from_a_branch_is_tinted_apart_from_the_drafts():
+    from specrun.cli.display import BRANCH_STYLE, DRAFT_STYLE, event_text
+    from specrun.run.stream import Event
+
+    segments = (("def ", None, False), ("add", "model", False), ("(", "model", True), ("a", None, False))
+    ev = Event("def add(a", (), (), RunStats(), segments=segments)
+    styles = {ev.text[s.start : s.end]: str(s.style) for s in event_text(ev, True).spans}
+    assert styles == {"add": DRAFT_STYLE, "(": BRANCH_STYLE} and BRANCH_STYLE != DRAFT_STYLE
+    assert not event_text(ev, False).spans
+
+
 def test_stats_table_empty_session():
     text = render(stats_table(RunStats()))
     assert row(text, "rounds by source")[1] == "-"

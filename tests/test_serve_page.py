@@ -60,10 +60,12 @@ def test_the_stream_says_which_text_came_from_which_drafts(server):
         if c["choices"] and c["choices"][0]["delta"].get("role"):
             continue  # the opening chunk: nothing generated yet
         ext = c["specrun"]
-        assert set(ext["stats"]) == {"generated", "tok_s", "drafted", "accepted", "by_source"}
+        assert set(ext["stats"]) == {"generated", "tok_s", "drafted", "accepted", "by_source", "tree_rounds", "tree_nodes", "branch_wins"}
+        assert ext["stats"]["tree_rounds"] == ext["stats"]["branch_wins"] == 0  # no --tree
         if content:
             assert "".join(t for t, _ in ext["spans"]) == content  # the spans are the content, cut by source
             sources |= {src for _, src in ext["spans"]}
+            assert all(len(span) == 2 for span in ext["spans"])  # no branch without --tree
     assert sources <= {"model", "ngram", None} and "model" in sources
     last = chunks[-1]["specrun"]["stats"]
     assert last["generated"] == chunks[-1]["timings"]["predicted_n"] and last["accepted"] == chunks[-1]["timings"]["draft_n_accepted"]
@@ -109,6 +111,7 @@ def test_the_page_streams_a_reply_with_tinted_drafts_in_chromium(server, tmp_pat
             poll(lambda: reply.get_attribute("data-done"), "the streamed reply to end")
 
             text = reply.inner_text()
+            assert page.locator("#branch").is_hidden() and not page.locator(".msg span.d-branch").count()  # no --tree
             spans = page.locator(".msg.assistant span.d-model")
             tinted = [spans.nth(i).inner_text() for i in range(spans.count())]
             stats = {k: page.inner_text(f"#{k}") for k in ("tps", "accept", "mix")}
@@ -127,3 +130,73 @@ def test_the_page_streams_a_reply_with_tinted_drafts_in_chromium(server, tmp_pat
     assert (tmp_path / "page.png").stat().st_size > 10_000
     if os.environ.get("SPECRUN_SCREENSHOT"):  # a copy for a report
         shutil.copy(tmp_path / "page.png", os.environ["SPECRUN_SCREENSHOT"])
+
+
+TREE_ASK = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def tree_server(tiny, tmp_path_factory):
+    # token trees (--tree, on one slot: a target holding several sequences keeps chains) from a
+    # draft whose runner-up is now and then the target's token: a branch other than the first wins
+    args = ["-m", str(tiny["target"]), "-d", str(tiny["draft-perturbed"]), "-t", "1", "-c", "1024", "--temp", "0",
+            "--draft", "model", "--fixed", "--draft-max", "4", "--draft-p-min", "0", "--tree", "--parallel", "1", "--quiet"]  # fmt: skip
+    s = Server(args, tmp_path_factory.mktemp("page-tree"))
+    yield s
+    assert s.stop() == 143
+    assert "Traceback" not in s.stderr, s.stderr
+
+
+def test_the_stream_marks_text_from_a_trees_other_branch_and_counts_as_metrics_do(tree_server):
+    before = tree_server.metrics()
+    body = {"messages": [{"role": "user", "content": TREE_ASK}], "max_tokens": 48, "stream_options": {"include_drafts": True}}
+    chunks = [c for c in tree_server.stream("/v1/chat/completions", body) if isinstance(c, dict) and "specrun" in c]
+    after = tree_server.metrics()
+    spans = [span for c in chunks for span in c["specrun"].get("spans", [])]
+    assert all(len(span) == 2 or (len(span) == 3 and span[1] == "model" and span[2] == "branch") for span in spans)
+    last = chunks[-1]["specrun"]["stats"]
+    for key, metric in (("branch_wins", "specrun_branch_wins_total"), ("tree_rounds", "specrun_tree_rounds_total"),
+                        ("tree_nodes", "specrun_tree_nodes_total")):  # fmt: skip
+        assert last[key] == after[metric] - before.get(metric, 0.0), key
+    assert last["branch_wins"] > 0 and any(len(span) == 3 for span in spans)
+
+
+def test_the_page_tints_text_from_a_trees_other_branch_apart_and_counts_the_wins(tree_server, tmp_path):
+    """The page's count of branch wins against /metrics' (counted when the request ends, apart
+    from the stream the page reads); the tint: a colour of its own on text that is also the
+    model's draft."""
+    from playwright.sync_api import sync_playwright
+
+    before = tree_server.metrics()
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True,
+                                                       args=ARGS, viewport={"width": 1000, "height": 700})  # fmt: skip
+        try:
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{tree_server.port}/")
+            page.fill("#max-tokens", "48")
+            page.fill("#prompt", TREE_ASK)
+            page.click("#send")
+            page.wait_for_selector(".msg.assistant[data-done]", state="attached", timeout=0)  # no clock: the reply's end
+            text = page.locator(".msg.assistant").last.inner_text()
+            branch = page.locator(".msg.assistant span.d-branch")
+            tinted = [branch.nth(i).inner_text() for i in range(branch.count())]
+            classes = {branch.nth(i).get_attribute("class") for i in range(branch.count())}
+            background = "(e) => getComputedStyle(e).backgroundColor"
+            colours = {
+                "branch": {branch.nth(i).evaluate(background) for i in range(branch.count())},
+                "model": page.eval_on_selector(".msg.assistant span.d-model:not(.d-branch)", background),
+                "target": page.eval_on_selector(".msg.assistant", background),
+            }
+            shown = page.inner_text("#branch") if page.locator("#branch").is_visible() else None
+            legend = page.locator(".legend .d-branch").is_visible()
+            page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        finally:
+            browser.close()
+    after = tree_server.metrics()
+    wins, trees = (after[k] - before.get(k, 0.0) for k in ("specrun_branch_wins_total", "specrun_tree_rounds_total"))
+    assert wins > 0 and shown == f"branch won {wins:.0f}/{trees:.0f} trees" and legend
+    assert tinted and all(t and t in text for t in tinted) and classes == {"d-model d-branch"}
+    assert len(colours["branch"]) == 1 and colours["branch"].isdisjoint({colours["model"], colours["target"]})
+    if os.environ.get("SPECRUN_SCREENSHOT_TREE"):  # a copy for a report
+        shutil.copy(tmp_path / "page.png", os.environ["SPECRUN_SCREENSHOT_TREE"])

@@ -40,3 +40,17 @@ def test_per_position_counts_grow_to_the_longest_draft():
     proposed, accepted = [5], [3]
     add_per_position(proposed, accepted, run(round_("model", 3, 1)))
     assert proposed == [6, 1, 1] and accepted == [4, 0, 0]
+
+
+def tree_round(drafted: int, accepted: int, on_branch: int) -> RoundStats:
+    return RoundStats("model", drafted, accepted, accepted + 1, 0.01, 0.02, 0.001, tree=True, on_branch=on_branch)
+
+
+def test_tree_rounds_count_their_nodes_and_the_rounds_a_branch_won_and_merge():
+    s = run(tree_round(6, 2, 0), tree_round(5, 3, 1), round_("model", 4, 4), tree_round(7, 1, 1))
+    assert (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == (3, 18, 2)
+    assert s.branch_win_rate == 2 / 3 and s.to_json()["n_branch_wins"] == 2 and s.to_json()["n_tree_nodes"] == 18
+    chains = run(round_("model", 4, 2), round_("none", 0, 0))
+    assert (chains.n_tree_rounds, chains.n_tree_nodes, chains.n_branch_wins, chains.branch_win_rate) == (0, 0, 0, 0.0)
+    chains.merge(s)
+    assert (chains.n_tree_rounds, chains.n_tree_nodes, chains.n_branch_wins) == (3, 18, 2)

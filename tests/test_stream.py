@@ -132,7 +132,7 @@ def test_a_character_split_across_rounds_is_held_back_whole(models):
     d = Detokenizer(t.piece, t.is_eog)
     shown = []
     for x in ids:  # one token per round
-        out, hit = d.feed([x], [False])
+        out, hit = d.feed([x], [None])
         assert not hit
         shown.append("".join(s for s, _ in out))
     shown.append("".join(s for s, _ in d.finish()[0]))
@@ -160,7 +160,8 @@ def test_from_draft_flags_match_the_stats(models):
         for ev in events:  # accepted drafts come first in a round, then the target's own token
             assert list(ev.from_draft) == sorted(ev.from_draft, reverse=True)
         # the text's from-draft runs add up to the text
-        assert all("".join(s for s, _ in ev.segments) == ev.text for ev in events)
+        assert all("".join(s for s, _, _ in ev.segments) == ev.text for ev in events)
+        assert not any(branch for ev in events for _, _, branch in ev.segments)  # chains: no branch
 
 
 def test_plain_decoding_has_no_draft_tokens(models):
@@ -168,4 +169,4 @@ def test_plain_decoding_has_no_draft_tokens(models):
     toks = t.tokenize(PROMPTS[0], add_special=True)
     events = run(models, Settings("none"), toks, 32)
     assert not any(f for ev in events for f in ev.from_draft)
-    assert all(not fd for ev in events for _, fd in ev.segments)
+    assert all(src is None and not branch for ev in events for _, src, branch in ev.segments)

@@ -334,3 +334,102 @@ def test_a_hybrid_target_is_given_no_branch_ids_and_its_engine_keeps_chains(tmp_
         assert target.recurrent and target.tree_branches == 0
         e = engine(target, None, Settings("ngram", tree=True))
         assert e.branches == 0 and e.tree_note is not None
+
+
+# --- what a run reports: tree rounds, their nodes, and the rounds a branch won ----------
+
+
+class TreeSpy:
+    """What the target's tree decodes did, read off its calls to ``Model.eval_tree`` and
+    ``Model.keep_branch`` (not off the engine's counters): the trees verified, their nodes, the
+    rounds whose kept path left the trunk (the first chain from the root), and the tokens of
+    those paths' nodes off the trunk."""
+
+    def __init__(self, monkeypatch):
+        self.rounds = self.nodes = self.wins = 0
+        self.off_trunk: list[int] = []
+        tree: list[tuple[list[int], list[int]]] = []
+        verify, keep = Model.eval_tree, Model.keep_branch
+
+        def eval_tree(model, tokens, parents):
+            tree[:] = [(list(tokens), list(parents))]
+            return verify(model, tokens, parents)
+
+        def keep_branch(model, path):
+            tokens, parents = tree.pop()
+            # rows 1 .. trunk - 1 follow one another from the root: the trunk
+            trunk = next((i for i in range(1, len(parents)) if parents[i] != i - 1), len(parents))
+            off = [row for row in path if row >= trunk]
+            self.rounds += 1
+            self.nodes += len(tokens) - 1
+            self.wins += bool(off)
+            self.off_trunk += [tokens[row] for row in off]
+            return keep(model, path)
+
+        monkeypatch.setattr(Model, "eval_tree", eval_tree)
+        monkeypatch.setattr(Model, "keep_branch", keep_branch)
+
+
+TREE_RUNS = [(temp, p) for temp in (0.0, 1.0) for p in PROMPTS]  # greedy and sampled: branches win in some
+
+
+def test_a_run_counts_its_trees_and_the_rounds_a_branch_won_as_the_target_verified_them(loaded, monkeypatch):
+    """The counts against the target's own calls, run by run; a branch must have won somewhere
+    (the perturbed draft's runner-up is the target's token now and then). The text the stream
+    marks as a branch's is the text of the tokens off the trunk."""
+    from specrun.run.stream import stream_generate
+
+    target, draft = loaded["tree-target"], loaded["draft-perturbed"]
+    wins = shown = 0
+    for temp, p in TREE_RUNS:
+        spy = TreeSpy(monkeypatch)
+        e = engine(target, draft, Settings("model", draft_max=4, p_min=0.0, fixed=True, tree=True), Sampler(temp, seed=5))
+        events = list(stream_generate(e, target.tokenize(p), 64))
+        s = events[-1].stats
+        assert (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == (spy.rounds, spy.nodes, spy.wins), (temp, p)
+        assert s.n_tree_rounds > 0 and s.n_tree_nodes > s.n_tree_rounds
+        assert s.to_json()["n_branch_wins"] == spy.wins
+        text = "".join(ev.text for ev in events)
+        if text.isascii():  # no character split across tokens: a run's text is its tokens' pieces
+            marked = "".join(text for ev in events for text, _, branch in ev.segments if branch)
+            assert marked.encode() == b"".join(target.piece(t) for t in spy.off_trunk if not target.is_eog(t)), (temp, p)
+            shown += bool(marked)
+        wins += spy.wins
+    assert wins > 0 and shown > 0
+
+
+def test_without_trees_nothing_is_counted_and_nothing_marked(loaded, monkeypatch):
+    from specrun.run.stream import stream_generate
+
+    target, draft = loaded["tree-target"], loaded["draft-perturbed"]
+    spy = TreeSpy(monkeypatch)
+    for temp, p in TREE_RUNS:
+        e = engine(target, draft, Settings("model", draft_max=4, p_min=0.0, fixed=True), Sampler(temp, seed=5))
+        events = list(stream_generate(e, target.tokenize(p), 64))
+        s = events[-1].stats
+        assert s.n_drafted > 0 and (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == (0, 0, 0)
+        assert not any(branch for ev in events for _, _, branch in ev.segments)
+    assert spy.rounds == 0
+
+
+def test_generate_json_reports_tokens_per_verify_and_the_trees_a_branch_won(tiny, capsys, monkeypatch):
+    import json
+
+    from specrun.cli.main import main
+
+    base = ["generate", "-m", str(tiny["target"]), "-t", "1", "-c", "512", "-n", "64", "--json"]
+    base += ["-d", str(tiny["draft-perturbed"]), "--draft", "model", "--draft-max", "4", "--fixed", "--draft-p-min", "0"]
+    wins = 0
+    for p in PROMPTS:
+        spy = TreeSpy(monkeypatch)
+        assert main([*base, "-p", p, "--tree"]) == 0
+        s = json.loads(capsys.readouterr().out)["stats"]
+        assert (s["n_tree_rounds"], s["n_tree_nodes"], s["n_branch_wins"]) == (spy.rounds, spy.nodes, spy.wins) and spy.rounds > 0
+        assert s["branch_win_rate"] == round(spy.wins / spy.rounds, 4)
+        assert s["tokens_per_decode"] == round(s["n_generated"] / s["n_rounds"], 4)  # one verify a round
+        wins += spy.wins
+    assert wins > 0
+    spy = TreeSpy(monkeypatch)
+    assert main([*base, "-p", PROMPTS[0]]) == 0
+    s = json.loads(capsys.readouterr().out)["stats"]
+    assert (s["n_tree_rounds"], s["n_tree_nodes"], s["n_branch_wins"], s["branch_win_rate"]) == (0, 0, 0, 0.0) and spy.rounds == 0

@@ -104,9 +104,19 @@ class ModeSummary:
     accepted_at: list[int] = field(default_factory=list)
     identical: bool | None = True  # greedy output identical to plain decoding; None: not compared (another tool's)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    generated: int = 0
+    decodes: int = 0  # the target's decodes: one verify per round
+    tree_rounds: int = 0  # rounds that verified a token tree (--tree) ...
+    tree_nodes: int = 0  # ... their nodes ...
+    branch_wins: int = 0  # ... and those a branch other than the first won
 
     def add(self, s: RunStats) -> None:
         self.tps.append(s.generation_tps)
+        self.generated += s.n_generated
+        self.decodes += s.n_target_decodes
+        self.tree_rounds += s.n_tree_rounds
+        self.tree_nodes += s.n_tree_nodes
+        self.branch_wins += s.n_branch_wins
         self.drafted += s.n_drafted
         self.accepted += s.n_accepted
         self.drafted_rounds += s.n_drafted_rounds
@@ -132,6 +142,11 @@ class ModeSummary:
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             "mean_accept_len": round(self.accepted / self.drafted_rounds, 4) if self.drafted_rounds else 0.0,
             "accept_per_position": [round(a / p, 4) if p else 0.0 for p, a in zip(self.proposed_at, self.accepted_at)],
+            "tokens_per_decode": round(self.generated / self.decodes, 4) if self.decodes else 0.0,  # tokens per verify
+            "tree_rounds": self.tree_rounds,  # 0: no tree ran (no --tree, or the target cannot branch)
+            "tree_nodes": self.tree_nodes,
+            "branch_wins": self.branch_wins,
+            "branch_win_rate": round(self.branch_wins / self.tree_rounds, 4) if self.tree_rounds else 0.0,
             "identical_to_plain": self.identical,
             "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in sorted(self.by_source.items())},
             "n": len(self.tps),

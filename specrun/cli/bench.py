@@ -220,6 +220,19 @@ def _summary_rows(result: BenchResult, data: dict):
                 yield cls, mode, s, " ".join(f"{100 * x:.0f}" for x in s["accept_per_position"][:8]) or "-"
 
 
+def _per_verify(s: dict) -> str:
+    return f"{s['tokens_per_decode']:.2f}" if s["tokens_per_decode"] else "-"  # 0: another tool's run, not counted
+
+
+def _branch_wins(s: dict) -> str:
+    """Tree rounds a branch other than the first won, of all tree rounds: ``3/12 (25%)``; ``-``: no tree ran."""
+    return f"{s['branch_wins']}/{s['tree_rounds']} ({100 * s['branch_win_rate']:.0f}%)" if s["tree_rounds"] else "-"
+
+
+def _trees_ran(data: dict) -> bool:
+    return any(s["tree_rounds"] for modes in data["classes"].values() for s in modes.values())
+
+
 def _same_text(identical: bool | None) -> str:
     return "-" if identical is None else "yes" if identical else "NO"  # None: another tool's, not compared
 
@@ -238,18 +251,22 @@ AGAINST_TITLE = "against llama.cpp's best setting per class (median over runs, g
 
 def to_markdown(result: BenchResult) -> str:
     data = result.to_json()
+    trees = _trees_ran(data)  # a column for the branches' wins where token trees ran (--tree)
     out = [
         f"Target {data['meta'].get('target')}, draft {data['meta'].get('draft')}, {data['meta'].get('threads')} threads, "
         f"-n {data['meta'].get('n_predict')}, {data['meta'].get('runs')} runs, llama_cpp {data['meta'].get('llama_cpp')}, {data['meta'].get('date')}",
         "",
-        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | accept by position | accepted / drafted by source | same text as plain |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| class | mode | tok/s (mean ± sd) | speedup vs plain (min) | 95% interval | acceptance | mean accepted len | tokens per verify "
+        "| accept by position | accepted / drafted by source | " + ("a branch won / trees | " if trees else "") + "same text as plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if trees else ""),
     ]
     for cls, mode, s, pos in _summary_rows(result, data):
         out.append(
             f"| {cls} | {mode} | {s['tps_mean']:.1f} ± {s['tps_stdev']:.1f} | {s['speedup']:.2f}x ({s['speedup_min']:.2f}) | "
             f"{s['speedup_ci95'][0]:.2f}-{s['speedup_ci95'][1]:.2f} | "
-            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {pos} | {_by_source(s)} | {_same_text(s['identical_to_plain'])} |"
+            f"{100 * s['acceptance_rate']:.0f}% | {s['mean_accept_len']:.2f} | {_per_verify(s)} | {pos} | {_by_source(s)} | "
+            + (f"{_branch_wins(s)} | " if trees else "")
+            + f"{_same_text(s['identical_to_plain'])} |"
         )
     cm = data["cost_model"]
     out += ["", "Cost model (relative to one target token):", ""]
@@ -296,7 +313,8 @@ def to_markdown(result: BenchResult) -> str:
 
 
 SPEED_COLUMNS = ("tok/s", "± sd", "speedup", "95% interval")
-ACCEPT_COLUMNS = ("accept", "mean len", "by position", "by source")
+ACCEPT_COLUMNS = ("accept", "mean len", "tok/verify", "by position", "by source")
+BRANCH_COLUMN = "branch won"  # where token trees ran (--tree): the tree rounds a branch other than the first won
 
 
 def tables(result: BenchResult, width: int | None = None):
@@ -308,6 +326,7 @@ def tables(result: BenchResult, width: int | None = None):
     from rich.text import Text
 
     data = result.to_json()
+    accept_columns = (*ACCEPT_COLUMNS, BRANCH_COLUMN) if _trees_ran(data) else ACCEPT_COLUMNS
     rows = []
     for cls, mode, s, pos in _summary_rows(result, data):
         lo, hi = s["speedup_ci95"]
@@ -318,8 +337,10 @@ def tables(result: BenchResult, width: int | None = None):
             "95% interval": f"{lo:.2f}-{hi:.2f}",
             "accept": f"{100 * s['acceptance_rate']:.0f}%",
             "mean len": f"{s['mean_accept_len']:.2f}",
+            "tok/verify": _per_verify(s),
             "by position": pos,
             "by source": _by_source(s),
+            BRANCH_COLUMN: _branch_wins(s),
         }
         rows.append((cls, mode.replace(PREFIX, PREFIX + " "), cells))  # "llama.cpp: draft-simple@16" may wrap after the colon
 
@@ -337,9 +358,9 @@ def tables(result: BenchResult, width: int | None = None):
     def fits(renderable) -> bool:
         return width is None or Measurement.get(wide, wide.options, renderable).minimum <= width
 
-    whole = summary("specrun bench", SPEED_COLUMNS + ACCEPT_COLUMNS)
+    whole = summary("specrun bench", SPEED_COLUMNS + accept_columns)
     main = (
-        [whole] if fits(whole) else [summary("specrun bench: speed", SPEED_COLUMNS), summary("specrun bench: acceptance", ACCEPT_COLUMNS)]
+        [whole] if fits(whole) else [summary("specrun bench: speed", SPEED_COLUMNS), summary("specrun bench: acceptance", accept_columns)]
     )
     cost = Table(title="measured cost model (x one target token)", title_justify="left")
     cost.add_column("verify batch")

@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--show-drafts/--no-show-drafts",
-                help="In a terminal, show tokens that came from accepted drafts in a subtle colour (off with NO_COLOR too).",
+                help="In a terminal, show tokens that came from accepted drafts in a subtle colour, those from a token tree's "
+                "branch other than the first (--tree) in another (off with NO_COLOR too).",
             ),
         ] = True,
     ) -> int:

@@ -21,6 +21,7 @@ from specrun.run.pair import PairReport
 from specrun.run.stream import Event
 
 DRAFT_STYLE = "color(109)"  # a muted teal: text that came from accepted drafts, when shown
+BRANCH_STYLE = "color(175)"  # a muted pink: ... from a token tree's branch other than the first (--tree)
 
 
 def human_bytes(n: float | int | None) -> str:
@@ -373,6 +374,8 @@ def status_line(s: RunStats) -> Text:
     t.append(f"  draft K={s.current_draft_len}")
     t.append(f"  draft/verify {split}%")
     t.append(f"  {s.n_generated} tok")
+    if s.n_tree_rounds:
+        t.append(f"\n  {tree_words(s)}, {s.tokens_per_decode:.2f} tok/verify")
     if s.idle_reason:
         t.append(f"\n  drafting little: {s.idle_reason}", style="italic dim")
     return t
@@ -383,9 +386,14 @@ def event_text(event: Event, show_drafts: bool) -> Text:
     if not show_drafts:
         return Text(event.text)
     t = Text()
-    for text, from_draft in event.segments:
-        t.append(text, style=DRAFT_STYLE if from_draft else None)
+    for text, source, branch in event.segments:
+        t.append(text, style=BRANCH_STYLE if branch else DRAFT_STYLE if source else None)
     return t
+
+
+def tree_words(s: RunStats) -> str:
+    """'trees 12 (64 nodes), a branch won 3 (25%)': what token trees did (--tree)."""
+    return f"trees {s.n_tree_rounds} ({s.n_tree_nodes} nodes), a branch won {s.n_branch_wins} ({100 * s.branch_win_rate:.0f}%)"
 
 
 def summary_line(s: RunStats, label: str = "") -> str:
@@ -397,7 +405,9 @@ def summary_line(s: RunStats, label: str = "") -> str:
         f"accepted {s.n_accepted}/{s.n_drafted} ({100 * s.acceptance_rate:.0f}%), "
         f"mean len {s.mean_accept_len:.2f}, {s.tokens_per_decode:.2f} tok/decode | "
         f"draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s | rounds: {src or '-'} | "
-        f"finish: {s.finish_reason or '-'}" + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
+        f"finish: {s.finish_reason or '-'}"
+        + (f" | {tree_words(s)}" if s.n_tree_rounds else "")
+        + (f" | drafting little: {s.idle_reason}" if s.idle_reason else "")
     )
 
 
@@ -413,6 +423,14 @@ def stats_table(s: RunStats, title: str = "Session") -> Group:
         ("tokens per target decode", f"{s.tokens_per_decode:.2f}"),
         ("time: draft / verify / sample / other", f"{s.draft_s:.2f} / {s.verify_s:.2f} / {s.sample_s:.2f} / {s.other_s:.2f} s"),
         ("rounds by source", ", ".join(f"{k}: {v[0]}" for k, v in sorted(s.by_source.items())) or "-"),
+        *(
+            [
+                ("token trees", f"{s.n_tree_rounds} rounds, {s.n_tree_nodes} nodes verified"),
+                ("a branch other than the first won", f"{s.n_branch_wins} rounds ({100 * s.branch_win_rate:.1f}%)"),
+            ]
+            if s.n_tree_rounds
+            else []
+        ),
         ("why it drafts little", s.idle_reason or "-"),
     ):
         t.add_row(k, v)
@@ -497,6 +515,8 @@ def request_line(label: str, state: str, s: RunStats | None, waiting: int = 0) -
         t.append(f"  accept {100 * s.acceptance_rate:.0f}% ({s.n_accepted}/{s.n_drafted})")
         t.append(f"  rounds {source_mix(s)}")
         t.append(f"  prompt {s.n_prompt_tokens + s.n_cached_tokens} tok, {s.n_cached_tokens} cached")
+        if s.n_tree_rounds:
+            t.append(f"  {tree_words(s)}")
         if state != "running":
             t.append(f"  [{s.finish_reason or state}]")
     if waiting:

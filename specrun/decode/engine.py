@@ -277,7 +277,9 @@ def tree_round(
     rollback(target, [s for s in sources if s is not None], keep, min(keep, len(tokens) + on_trunk))
     t4 = now()
     k = len(draft)
-    stats = RoundStats(plan.source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties) or 1, sum(ties), t4 - t3)
+    stats = RoundStats(
+        plan.source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties) or 1, sum(ties), t4 - t3, tree=True, on_branch=n - on_trunk
+    )
     return Round(stats.source, draft, n, emitted, deferred, stats, tuple(path))
 
 

@@ -29,6 +29,8 @@ class RoundStats:
     checked: int = 0  # greedy: positions checked for a near-tie this round (see engine) ...
     ties: int = 0  # ... and of those, near-ties (at most one: a near-tie ends the round)
     rollback_s: float = 0.0  # step 4: both caches forgetting the rejected drafts (a restore and replay on hybrid models)
+    tree: bool = False  # the draft was a token tree (``drafted``: its nodes, all verified in the one decode)
+    on_branch: int = 0  # a tree's: of the accepted drafts, those off its trunk (> 0: a branch other than the first won)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class RunStats:
     idle_reason: str | None = None  # why the chooser drafts little or nothing lately, in words
     n_predicted: int = 0  # the request's prediction, in tokens (OpenAI's Predicted Outputs; 0: none) ...
     n_prediction_followed: int = 0  # ... and of those, the ones the reply wrote where the prediction had them
+    n_tree_rounds: int = 0  # rounds that verified a token tree (--tree) ...
+    n_tree_nodes: int = 0  # ... the nodes those trees held ...
+    n_branch_wins: int = 0  # ... and the rounds where the path kept left the trunk (a branch other than the first won)
 
     def snapshot(self) -> RunStats:
         """A copy that later rounds do not change."""
@@ -89,13 +94,18 @@ class RunStats:
                 self.proposed_at[i] += 1
                 if i < r.accepted:
                     self.accepted_at[i] += 1
+        if r.tree:
+            self.n_tree_rounds += 1
+            self.n_tree_nodes += r.drafted
+            self.n_branch_wins += r.on_branch > 0
         self.last_round = r
 
     def merge(self, other: RunStats) -> None:
         """Add another run's numbers to this one (a chat session's running total)."""
         for name in (
             "n_prompt_tokens n_cached_tokens n_generated prompt_s wall_s draft_s verify_s sample_s n_rounds "
-            "n_target_decodes n_drafted n_accepted n_drafted_rounds n_predicted n_prediction_followed"
+            "n_target_decodes n_drafted n_accepted n_drafted_rounds n_predicted n_prediction_followed n_tree_rounds n_tree_nodes "
+            "n_branch_wins"
         ).split():
             setattr(self, name, getattr(self, name) + getattr(other, name))
         add_per_position(self.proposed_at, self.accepted_at, other)
@@ -119,7 +129,13 @@ class RunStats:
 
     @property
     def tokens_per_decode(self) -> float:
+        """Tokens per target decode: per verify (a round's one decode, a plain step's included)."""
         return self.n_generated / self.n_target_decodes if self.n_target_decodes else 0.0
+
+    @property
+    def branch_win_rate(self) -> float:
+        """Of the rounds that verified a tree, the share a branch other than the first won."""
+        return self.n_branch_wins / self.n_tree_rounds if self.n_tree_rounds else 0.0
 
     @property
     def accept_per_position(self) -> list[float]:
@@ -155,6 +171,10 @@ class RunStats:
             "tokens_per_decode": round(self.tokens_per_decode, 4),
             "accept_per_position": [round(x, 4) for x in self.accept_per_position],
             "n_rounds": self.n_rounds,
+            "n_tree_rounds": self.n_tree_rounds,
+            "n_tree_nodes": self.n_tree_nodes,
+            "n_branch_wins": self.n_branch_wins,
+            "branch_win_rate": round(self.branch_win_rate, 4),
             "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.by_source.items()},
             "prompt_s": round(self.prompt_s, 6),
             "draft_s": round(self.draft_s, 6),

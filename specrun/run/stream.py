@@ -3,8 +3,9 @@
 ``stream_generate`` wraps ``Engine.generate`` (which yields token ids per round) and is the only
 place that turns tokens into text. Each :class:`Event` carries the text the round completed
 (never half a UTF-8 character, never any part of a stop string), the round's token ids,
-which of them came from an accepted draft, a snapshot of the run's statistics, and on the
-last event the ``finish_reason``:
+which of them came from an accepted draft (and from which source, and whether from a token
+tree's branch other than its trunk), a snapshot of the run's statistics, and on the last event
+the ``finish_reason``:
 
 * ``stop``: the model ended its turn (an end-of-generation token, left out of the text);
 * ``length``: ``max_tokens`` were generated;
@@ -39,8 +40,9 @@ class Event:
     stats: RunStats  # the run so far (a snapshot: later rounds do not change it)
     finish_reason: str | None = None  # set on the last event only
     # ``text`` cut into runs of (text, the source of the accepted drafts it came from, or None
-    # for the target's own tokens), for a display that tints them
-    segments: tuple[tuple[str, str | None], ...] = ()
+    # for the target's own tokens, whether those drafts were off a token tree's trunk: a branch
+    # other than the first won), for a display that tints them
+    segments: tuple[tuple[str, str | None, bool], ...] = ()
 
 
 def stop_scan(text: str, stops: Sequence[str]) -> tuple[int, bool]:
@@ -60,11 +62,12 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-Segments = list[tuple[str, Optional[str]]]  # runs of (text, draft source or None)
+Mark = Optional[tuple[str, bool]]  # a token's: (the draft source, off a tree's trunk), None: the target's own
+Segments = list[tuple[str, Mark]]  # runs of (text, mark)
 
 
 def _take(segments: Segments, n: int) -> tuple[Segments, Segments]:
-    """Split runs of (text, source) after ``n`` characters."""
+    """Split runs of (text, mark) after ``n`` characters."""
     head: Segments = []
     for i, (text, flag) in enumerate(segments):
         if n <= 0:
@@ -78,23 +81,24 @@ def _take(segments: Segments, n: int) -> tuple[Segments, Segments]:
     return head, []
 
 
-def _event(segments: Segments, tokens, sources, stats: RunStats, reason: str | None = None) -> Event:
+def _event(segments: Segments, tokens, marks: Sequence[Mark], stats: RunStats, reason: str | None = None) -> Event:
     merged: Segments = []
-    for text, flag in segments:
-        if merged and merged[-1][1] == flag:
-            merged[-1] = (merged[-1][0] + text, flag)
+    for text, mark in segments:
+        if merged and merged[-1][1] == mark:
+            merged[-1] = (merged[-1][0] + text, mark)
         elif text:
-            merged.append((text, flag))
-    flags = tuple(s is not None for s in sources)
-    return Event("".join(t for t, _ in merged), tuple(tokens), flags, stats.snapshot(), reason, tuple(merged))
+            merged.append((text, mark))
+    runs = tuple((text, mark[0], mark[1]) if mark else (text, None, False) for text, mark in merged)
+    flags = tuple(m is not None for m in marks)
+    return Event("".join(t for t, _ in merged), tuple(tokens), flags, stats.snapshot(), reason, runs)
 
 
 class Detokenizer:
     """Token ids in, text out: never half a UTF-8 character, never any part of a stop string.
 
-    ``feed`` takes one round's tokens (with, per token, the source of the accepted draft it
-    was, or None) and returns the runs of (text, source) now safe to show, and whether a stop
-    string ended the text."""
+    ``feed`` takes one round's tokens (with, per token, a mark: which accepted draft it was, or
+    None) and returns the runs of (text, mark) now safe to show, and whether a stop string
+    ended the text."""
 
     def __init__(self, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], stops: Sequence[str] = ()):
         self.piece, self.is_eog = piece, is_eog
@@ -102,10 +106,10 @@ class Detokenizer:
         self.utf8 = Utf8Stream()
         self.pending: Segments = []  # decoded, not yet shown: it could start a stop string
 
-    def feed(self, tokens: Sequence[int], sources: Sequence[str | None]) -> tuple[Segments, bool]:
-        for t, src in zip(tokens, sources):
+    def feed(self, tokens: Sequence[int], marks: Sequence[Mark]) -> tuple[Segments, bool]:
+        for t, mark in zip(tokens, marks):
             if not self.is_eog(t):
-                self.pending.append((self.utf8.feed(self.piece(t)), src))
+                self.pending.append((self.utf8.feed(self.piece(t)), mark))
         return self._release()
 
     def finish(self) -> tuple[Segments, bool]:
@@ -144,13 +148,15 @@ def stream_generate(
     gen = engine.generate(prompt, max_tokens, cancel, stats, prediction, history, corpus)
     try:
         for step in gen:
-            flags = [step.round.source if i < step.n_from_draft else None for i in range(len(step.tokens))]
-            out, hit = text.feed(step.tokens, flags)
+            # the accepted drafts come first; of them, the last ``on_branch`` were off a tree's trunk
+            trunk = step.round.accepted - step.round.on_branch
+            marks: list[Mark] = [(step.round.source, i >= trunk) if i < step.n_from_draft else None for i in range(len(step.tokens))]
+            out, hit = text.feed(step.tokens, marks)
             if hit:
                 stats.finish_reason = "stop_string"
-                yield _event(out, step.tokens, flags, stats, "stop_string")
+                yield _event(out, step.tokens, marks, stats, "stop_string")
                 return
-            yield _event(out, step.tokens, flags, stats)
+            yield _event(out, step.tokens, marks, stats)
     finally:
         gen.close()  # the engine's own finally records its finish reason and time
     out, hit = text.finish()

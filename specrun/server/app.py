@@ -143,12 +143,15 @@ def drafted(event: Event, spans: bool = True) -> dict:
     """specrun's extension of a stream chunk (``stream_options.include_drafts``): the chunk's
     text as runs of ``[text, source]`` (the draft source's name, "model", "ngram", "prediction"...,
     for text from accepted drafts, null for the target's own tokens; the texts join to the
-    chunk's content), and the request's statistics so far."""
+    chunk's content; a third item, "branch", where the drafts were a token tree's branch other
+    than the first), and the request's statistics so far."""
     s = event.stats
-    out: dict[str, Any] = {"spans": [[text, source] for text, source in event.segments]} if spans else {}
+    runs = [[text, source, "branch"] if branch else [text, source] for text, source, branch in event.segments]
+    out: dict[str, Any] = {"spans": runs} if spans else {}
     out["stats"] = {
         "generated": s.n_generated, "tok_s": round(s.generation_tps, 2), "drafted": s.n_drafted, "accepted": s.n_accepted,
         "by_source": {k: {"rounds": v[0], "drafted": v[1], "accepted": v[2]} for k, v in sorted(s.by_source.items())},
+        "tree_rounds": s.n_tree_rounds, "tree_nodes": s.n_tree_nodes, "branch_wins": s.n_branch_wins,
     }  # fmt: skip
     return out
 

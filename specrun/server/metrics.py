@@ -52,6 +52,11 @@ class Metrics:
             "specrun_draft_length", "The draft length the chooser chose, per round (0 = a plain step).",
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
         )  # fmt: skip
+        self.tree_rounds = Counter("specrun_tree_rounds", "Rounds that verified a token tree (--tree).", registry=r)
+        self.tree_nodes = Counter("specrun_tree_nodes", "Nodes of the token trees verified.", registry=r)
+        self.branch_wins = Counter(
+            "specrun_branch_wins", "Tree rounds where a branch other than the first (the source's chain) won.", registry=r
+        )
         self.rejected = Counter("specrun_requests_rejected", "Requests refused because the queue was full (429).", registry=r)
         r.register(_Live(queue_length, running, self, suffixes))
 
@@ -81,6 +86,9 @@ class Metrics:
             self.rounds.labels(source=source).inc(rounds)
             self.source_drafted.labels(source=source).inc(drafted)
             self.source_accepted.labels(source=source).inc(accepted)
+        self.tree_rounds.inc(s.n_tree_rounds)
+        self.tree_nodes.inc(s.n_tree_nodes)
+        self.branch_wins.inc(s.n_branch_wins)
         for length in s.draft_lengths:
             self.draft_length.observe(length)
 

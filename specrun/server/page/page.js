@@ -48,12 +48,14 @@ function bubble(role, text) {
   return div;
 }
 
-// runs of [text, source]: source "model" or "ngram" for text from accepted drafts, null for the target's own
+// runs of [text, source] or [text, source, "branch"]: source "model" or "ngram" for text from
+// accepted drafts, null for the target's own; "branch" for drafts from a token tree's branch
+// other than the first (--tree), tinted apart
 function addSpans(div, spans) {
-  for (const [text, source] of spans) {
+  for (const [text, source, branch] of spans) {
     if (source) {
       const span = document.createElement("span");
-      span.className = "d-" + source;
+      span.className = "d-" + source + (branch ? " d-branch" : "");
       span.textContent = text;
       div.appendChild(span);
     } else {
@@ -71,6 +73,10 @@ function showStats(s) {
   $("mix").textContent = rounds
     ? "drafts " + sources.map(([k, v]) => k + " " + Math.round((100 * v.rounds) / rounds) + "%").join(" · ")
     : "drafts –";
+  const trees = s.tree_rounds || 0; // shown once a round verified a token tree
+  $("branch").hidden = !trees;
+  document.querySelector(".legend .d-branch").hidden = !trees;
+  if (trees) $("branch").textContent = "branch won " + s.branch_wins + "/" + trees + " trees";
 }
 
 function setBusy(busy) {
