@@ -43,7 +43,20 @@ def test_settings_default_to_the_draft_lengths_users_try_or_to_every_ngram_type(
     assert parse_settings(" draft-simple@8, ngram-mod,draft-simple@8", has_draft=True) == ["draft-simple@8", "ngram-mod"]
 
 
-@pytest.mark.parametrize("text", ["bogus", "draft-simple@0", "draft-simple@x", "ngram-mod@", ",", "draft-simple@999"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "bogus",
+        "draft-simple@0",
+        "draft-simple@x",
+        "ngram-mod@",
+        ",",
+        "draft-simple@999",
+        "draft-simple@8/",
+        "draft-simple@8/1.5",
+        "draft-simple@8/x",
+    ],
+)
 def test_a_bad_setting_is_a_usage_error(text):
     with pytest.raises(UsageError):
         parse_settings(text, has_draft=True)
@@ -68,6 +81,19 @@ def test_a_block_drafter_runs_under_its_own_type_at_the_lengths_users_try():
             parse_settings(text, has_draft=True, block=block)
         assert words in str(e.value)
     assert parse_settings("draft-dspark@4", has_draft=False, pair_known=False) == ["draft-dspark@4"]  # before the load
+
+
+def test_a_setting_may_give_llamacpps_p_min_beside_its_n_max(tmp_path):
+    """``TYPE@N/P``: n-max N and p-min P, the tuning a block drafter's or draft model's user
+    has besides the length (llama.cpp's DSpark stops at a draft whose confidence is under P)."""
+    assert parse_settings("draft-dspark@8/0.5", has_draft=True, block="dspark") == ["draft-dspark@8/0.5"]
+    cmd = LlamaCpp(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", threads=2, n_ctx=512).command(
+        "draft-dspark@8/0.5", tmp_path / "p", 9
+    )
+    assert cmd[cmd.index("--spec-draft-n-max") + 1] == "8" and cmd[cmd.index("--spec-draft-p-min") + 1] == "0.5"
+    assert "--spec-draft-p-min" not in LlamaCpp(tmp_path, tmp_path / "t", None, threads=2, n_ctx=512).command(
+        "ngram-mod", tmp_path / "p", 9
+    )
 
 
 def test_both_tools_get_the_same_files_threads_context_and_greedy_decoding(tmp_path):

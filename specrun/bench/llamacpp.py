@@ -3,10 +3,11 @@
 The outside baseline a user of llama.cpp knows: ``llama-speculative-simple`` with one
 ``--spec-type`` (its draft model, ``draft-simple``; a block drafter, ``draft-dflash`` or
 ``draft-dspark``; or one of its n-gram lookups), greedy, at
-its defaults or with a fixed ``--spec-draft-n-max``. It runs as its own process on the same
+its defaults or with a fixed ``--spec-draft-n-max`` (and ``--spec-draft-p-min``). It runs as its own process on the same
 GGUF files and the same prompt text (the chat template rendered here, so both tools read the
 same tokens), and reports its own decode speed, which excludes loading and the prompt, as
-specrun's does. A setting is written ``TYPE`` (its defaults) or ``TYPE@N`` (n-max N).
+specrun's does. A setting is written ``TYPE`` (its defaults), ``TYPE@N`` (n-max N) or ``TYPE@N/P``
+(n-max N, p-min P).
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def parse_settings(text: str | None, has_draft: bool, block: str | None = None, 
         return list(DRAFT_SETTINGS if has_draft else NGRAM_SETTINGS)
     out = []
     for spec in (s.strip() for s in text.split(",") if s.strip()):
-        kind, sep, n = spec.partition("@")
-        if kind not in TYPES or (sep and not (n.isdigit() and 1 <= int(n) <= 256)):
+        kind, sep, rest = spec.partition("@")
+        n, slash, p = rest.partition("/")
+        if kind not in TYPES or (sep and not (n.isdigit() and 1 <= int(n) <= 256)) or (slash and not _probability(p)):
             raise UsageError(
-                f"llama.cpp's settings are its types ({', '.join(TYPES)}), each optionally @N for its n-max, got {spec!r}",
-                "e.g. draft-simple,draft-simple@8",
+                f"llama.cpp's settings are its types ({', '.join(TYPES)}), each optionally @N for its n-max "
+                f"and /P for its p-min, got {spec!r}",
+                "e.g. draft-simple,draft-simple@8,draft-simple@8/0.5",
             )
         if not pair_known:
             pass
@@ -94,6 +97,13 @@ def parse_settings(text: str | None, has_draft: bool, block: str | None = None, 
     return list(dict.fromkeys(out))
 
 
+def _probability(text: str) -> bool:
+    try:
+        return 0.0 <= float(text) <= 1.0
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class LlamaCpp:
     """The tool, and what every run of it shares with specrun's own: the files, threads, context."""
@@ -106,12 +116,14 @@ class LlamaCpp:
     gpu_layers: int = -1  # -1: every layer, as specrun's default
 
     def command(self, setting: str, prompt_file: Path, n: int) -> list[str]:
-        """The tool's command line for one setting (``TYPE`` or ``TYPE@N``), greedy."""
-        kind, _, n_max = setting.partition("@")
+        """The tool's command line for one setting (``TYPE``, ``TYPE@N`` or ``TYPE@N/P``), greedy."""
+        kind, _, rest = setting.partition("@")
+        n_max, _, p_min = rest.partition("/")
         ngl = str(999 if self.gpu_layers < 0 else self.gpu_layers)
         cmd = [str(self.bin / TOOL), "-m", str(self.target), "-f", str(prompt_file), "-n", str(n), "--temp", "0"]
         cmd += ["-t", str(self.threads), "-c", str(self.n_ctx), "-ngl", ngl, "--spec-type", kind]
         cmd += ["--spec-draft-n-max", n_max] if n_max else []
+        cmd += ["--spec-draft-p-min", p_min] if p_min else []
         if kind.startswith("draft") and self.draft is not None:
             cmd += ["-md", str(self.draft), "-td", str(self.threads), "-ngld", ngl]
         return cmd

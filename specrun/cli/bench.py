@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
             Optional[str],
             typer.Option(
                 "--llama-cpp-settings",
-                help="llama.cpp's settings for --llama-cpp, comma-separated: TYPE (its defaults) or TYPE@N (n-max N). "
+                help="llama.cpp's settings for --llama-cpp, comma-separated: TYPE (its defaults), TYPE@N (n-max N) or TYPE@N/P (and p-min P). "
                 "Default: draft-simple at its defaults and @4, @8, @16 with a draft model; every n-gram type without.",
                 show_default=False,
             ),
