@@ -392,7 +392,11 @@ def tables(result: BenchResult, width: int | None = None):
         *main,
         cost,
         *notes,
-        Text(f"draft cost per token: {data['cost_model']['draft_relative']} x target"),
+        Text(
+            f"draft model cost per token: {data['cost_model']['draft_relative']} x target"
+            if data["cost_model"]["draft_relative"]
+            else "draft model cost per token: not measured (no draft model drafted)"
+        ),
         pv,
         *against,
         Text(f"verdict: {data['verdict']}", style="bold"),
