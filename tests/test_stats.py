@@ -54,3 +54,13 @@ def test_tree_rounds_count_their_nodes_and_the_rounds_a_branch_won_and_merge():
     assert (chains.n_tree_rounds, chains.n_tree_nodes, chains.n_branch_wins, chains.branch_win_rate) == (0, 0, 0, 0.0)
     chains.merge(s)
     assert (chains.n_tree_rounds, chains.n_tree_nodes, chains.n_branch_wins) == (3, 18, 2)
+
+
+def test_a_trees_positions_are_its_depths_not_its_nodes():
+    """A tree of 5 nodes, 2 deep, proposed positions 0 and 1 (a draft at each depth along any
+    branch), not 0..4: acceptance per position is by depth, as a chain's is."""
+    s = RunStats()
+    s.add(RoundStats("model", 5, 2, 3, 0.0, 0.0, 0.0, tree=True, on_branch=1, depth=2))
+    s.add(RoundStats("model", 3, 1, 2, 0.0, 0.0, 0.0))  # a chain of 3, its first kept
+    assert s.proposed_at == [2, 2, 1] and s.accepted_at == [2, 1, 0]
+    assert s.n_drafted == 8 and s.n_tree_nodes == 5

@@ -346,7 +346,7 @@ class TreeSpy:
     those paths' nodes off the trunk."""
 
     def __init__(self, monkeypatch):
-        self.rounds = self.nodes = self.wins = 0
+        self.rounds = self.nodes = self.wins = self.depths = 0  # depths: the trees' longest branches, summed
         self.off_trunk: list[int] = []
         tree: list[tuple[list[int], list[int]]] = []
         verify, keep = Model.eval_tree, Model.keep_branch
@@ -362,6 +362,10 @@ class TreeSpy:
             off = [row for row in path if row >= trunk]
             self.rounds += 1
             self.nodes += len(tokens) - 1
+            depth = [0] * len(parents)  # row 0 is the root
+            for row in range(1, len(parents)):
+                depth[row] = depth[parents[row]] + 1
+            self.depths += max(depth)
             self.wins += bool(off)
             self.off_trunk += [tokens[row] for row in off]
             return keep(model, path)
@@ -389,6 +393,8 @@ def test_a_run_counts_its_trees_and_the_rounds_a_branch_won_as_the_target_verifi
         assert (s.n_tree_rounds, s.n_tree_nodes, s.n_branch_wins) == (spy.rounds, spy.nodes, spy.wins), (temp, p)
         assert s.n_tree_rounds > 0 and s.n_tree_nodes > s.n_tree_rounds
         assert s.to_json()["n_branch_wins"] == spy.wins
+        # acceptance per position counts a tree once per depth (a chain once per draft)
+        assert sum(s.proposed_at) == (s.n_drafted - s.n_tree_nodes) + spy.depths < s.n_drafted, (temp, p)
         text = "".join(ev.text for ev in events)
         if text.isascii():  # no character split across tokens: a run's text is its tokens' pieces
             marked = "".join(text for ev in events for text, _, branch in ev.segments if branch)

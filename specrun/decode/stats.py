@@ -31,6 +31,7 @@ class RoundStats:
     rollback_s: float = 0.0  # step 4: both caches forgetting the rejected drafts (a restore and replay on hybrid models)
     tree: bool = False  # the draft was a token tree (``drafted``: its nodes, all verified in the one decode)
     on_branch: int = 0  # a tree's: of the accepted drafts, those off its trunk (> 0: a branch other than the first won)
+    depth: int = 0  # a tree's longest branch, in drafts: the positions it proposed (its nodes sit side by side at them)
 
 
 @dataclass
@@ -87,10 +88,11 @@ class RunStats:
         src[2] += r.accepted
         if r.drafted:
             self.n_drafted_rounds += 1
-            while len(self.proposed_at) < r.drafted:
+            positions = r.depth if r.tree else r.drafted  # a tree proposes each depth once, along whichever branch
+            while len(self.proposed_at) < positions:
                 self.proposed_at.append(0)
                 self.accepted_at.append(0)
-            for i in range(r.drafted):
+            for i in range(positions):
                 self.proposed_at[i] += 1
                 if i < r.accepted:
                     self.accepted_at[i] += 1
