@@ -277,12 +277,9 @@ def tree_round(
     rollback(target, [s for s in sources if s is not None], keep, min(keep, len(tokens) + on_trunk))
     t4 = now()
     k = len(draft)
-    depth = [0] * k  # each node's depth, in drafts (a parent comes before its children)
-    for i, parent in enumerate(draft.parents):
-        depth[i] = 1 + (depth[parent] if parent >= 0 else 0)
     stats = RoundStats(
         plan.source, k, n, len(emitted), t1 - t0, t2 - t1, t3 - t2, len(ties) or 1, sum(ties), t4 - t3,
-        tree=True, on_branch=n - on_trunk, depth=max(depth, default=0),
+        tree=True, on_branch=n - on_trunk, depth=draft.depth,
     )  # fmt: skip
     return Round(stats.source, draft, n, emitted, deferred, stats, tuple(path))
 

@@ -79,6 +79,15 @@ class Proposal:
         """How many of the first nodes form a chain from the pending token (all, for a chain)."""
         return next((i for i in range(len(self.tokens)) if self.parent(i) != i - 1), len(self.tokens))
 
+    @property
+    def depth(self) -> int:
+        """The longest path from the pending token, in drafts: the positions it proposes (a
+        chain's length; a tree's nodes sit side by side at them)."""
+        depth: list[int] = []
+        for i in range(len(self.tokens)):  # a parent comes before its children
+            depth.append(1 + (depth[self.parent(i)] if self.parent(i) >= 0 else 0))
+        return max(depth, default=0)
+
     def path(self, node: int) -> list[int]:
         """The nodes from the pending token's first child down to ``node`` (none for -1)."""
         out = []
