@@ -164,15 +164,19 @@ def installed_version() -> str | None:
 
 
 def loadable(name: str) -> bool | None:
-    if name in KNOWN:
-        return True
-    return False if installed_version() == LIST_VERSION else None
+    return _listed(name, KNOWN)
 
 
 def hands_out_layer_inputs(name: str) -> bool | None:
     """Can the installed llama.cpp read a target of this architecture's layer inputs? (None:
     another version is installed, and it is left to llama.cpp to say.)"""
-    if name in LAYER_INPUTS:
+    return _listed(name, LAYER_INPUTS)
+
+
+def _listed(name: str, names: frozenset[str]) -> bool | None:
+    """``name`` in a list read from llama-cpp-python LIST_VERSION's llama.cpp: True; not in it:
+    False where that version is installed, else None (another version's list may differ)."""
+    if name in names:
         return True
     return False if installed_version() == LIST_VERSION else None
 
