@@ -83,18 +83,23 @@ def parse_settings(text: str | None, has_draft: bool, block: str | None = None, 
                 f"and /P for its p-min, got {spec!r}",
                 "e.g. draft-simple,draft-simple@8,draft-simple@8/0.5",
             )
-        if not pair_known:
-            pass
-        elif kind.startswith("draft") and not has_draft:
-            raise UsageError(f"llama.cpp's {kind} needs a draft model", "give the pair a draft model, or pick an n-gram type")
-        elif kind.startswith("draft") and block is not None and kind != BLOCK_TYPES[block]:
-            raise UsageError(f"llama.cpp's {kind} cannot run this pair's {block} block drafter", f"use {BLOCK_TYPES[block]}")
-        elif kind in BLOCK_TYPES.values() and block is None:
-            raise UsageError(f"llama.cpp's {kind} needs a block drafter, and this pair's draft is a draft model", "use draft-simple")
+        if pair_known:
+            _check_pair(kind, has_draft, block)
         out.append(spec)
     if not out:
         raise UsageError("llama.cpp's settings: got none", "e.g. draft-simple,draft-simple@8")
     return list(dict.fromkeys(out))
+
+
+def _check_pair(kind: str, has_draft: bool, block: str | None) -> None:
+    """Can llama.cpp's type ``kind`` run this pair's draft (a draft model, a block drafter of
+    kind ``block``, or none)?"""
+    if kind.startswith("draft") and not has_draft:
+        raise UsageError(f"llama.cpp's {kind} needs a draft model", "give the pair a draft model, or pick an n-gram type")
+    if kind.startswith("draft") and block is not None and kind != BLOCK_TYPES[block]:
+        raise UsageError(f"llama.cpp's {kind} cannot run this pair's {block} block drafter", f"use {BLOCK_TYPES[block]}")
+    if kind in BLOCK_TYPES.values() and block is None:
+        raise UsageError(f"llama.cpp's {kind} needs a block drafter, and this pair's draft is a draft model", "use draft-simple")
 
 
 def _probability(text: str) -> bool:
