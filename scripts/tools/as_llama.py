@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, ReaderField
 
 
 def _neox_to_pairs(rows: np.ndarray, head_dim: int) -> np.ndarray:
@@ -34,6 +34,12 @@ def _neox_to_pairs(rows: np.ndarray, head_dim: int) -> np.ndarray:
     order[0::2], order[1::2] = np.arange(half), np.arange(half) + half
     index = (np.arange(n)[:, None] * head_dim + order[None, :]).reshape(-1)
     return rows[index]
+
+
+def copy_field(w: GGUFWriter, f: ReaderField, name: str | None = None) -> None:
+    """Write a header field read from another file (as ``name``, else under its own)."""
+    sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+    w.add_key_value(name or f.name, f.contents(), f.types[0], sub_type=sub)
 
 
 def rewrite(src: Path, dst: Path, arch: str, permute: bool = False) -> Path:
@@ -47,9 +53,7 @@ def rewrite(src: Path, dst: Path, arch: str, permute: bool = False) -> Path:
     for f in r.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
-        name = f"{arch}.{f.name[len(old) + 1 :]}" if f.name.startswith(f"{old}.") else f.name
-        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
-        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+        copy_field(w, f, f"{arch}.{f.name[len(old) + 1 :]}" if f.name.startswith(f"{old}.") else None)
     if permute and r.get_field(f"{old}.rope.dimension_count") is None:
         w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
     for t in r.tensors:

@@ -42,7 +42,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGUFReader, GGUFWriter, LlamaFileType
+
+sys.path.insert(0, str(Path(__file__).parent))
+from as_llama import copy_field  # noqa: E402
 
 CONFIDENCE_GAIN = 20.0  # the successor's bias over every other token's (others fall within +-0.6 of it, times this)
 UNKNOWN_LOGIT = -9.0  # the confidence a token with no entry states: sigmoid(-9), 0.0001
@@ -186,8 +189,7 @@ def main() -> int:
     g.add_bool("dflash.has_confidence_head", True)
     for f in r.fields.values():  # the target's tokenizer, as the converter copies it
         if f.name.startswith("tokenizer."):
-            sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
-            g.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+            copy_field(g, f)
     g.add_mask_token_id(mask)
     for name, t in w.items():
         g.add_tensor(name, np.ascontiguousarray(t))
