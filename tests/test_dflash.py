@@ -36,12 +36,13 @@ from tiny_models import TARGET_SEED, bpe_vocab, make_weights
 from specrun.cli.main import main
 from specrun.decode.costs import CostModel
 from specrun.decode.engine import Settings
-from specrun.decode.sampling import Sampler
+from specrun.decode.sampling import Sampler, greedy_confidence
 from specrun.decode.sources.dflash import DFlashSource
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
 from specrun.llama import DFlashHead, Eagle3Head, LoadOptions, Model
+from specrun.llama.dflash import BLOCK_TOP_K
 
 KINDS = ("dflash", "dspark", "dflash2")
 
@@ -164,17 +165,23 @@ def test_check_pair_calls_a_malformed_drafter_unusable(tiny, tmp_path, capsys):
 # --- the drafter beside the target, through the real llama.cpp ---------------------------------
 
 
-def load(path: Path, drafter: Path) -> Model:
+def load(path: Path, drafter: Path, sampled: bool | None = None) -> Model:
     m = Model(path, LoadOptions(n_ctx=1024, n_threads=1, n_batch=64))
-    DFlashHead(m, drafter)
+    DFlashHead(m, drafter, sampled=sampled)
     return m
+
+
+# which drafters sample their block's rows in llama.cpp (the default off a GPU is not to): the
+# DFlash drafter does and its fresh copy does not, the DSpark one the other way round, so every
+# in-step check compares the two ways of reading a block, and the engine's tests run on both
+SAMPLED = {"dflash": (True, False), "dspark": (False, True), "dflash2": (None, None)}
 
 
 @pytest.fixture(scope="module")
 def targets(tiny, drafters):
     """The target with each kind of drafter attached, and a second copy of each (to catch up
     from scratch and compare with): kind -> (model, fresh model)."""
-    out = {kind: (load(tiny["target"], drafters[kind]), load(tiny["target"], drafters[kind])) for kind in KINDS}
+    out = {kind: tuple(load(tiny["target"], drafters[kind], s) for s in SAMPLED[kind]) for kind in KINDS}
     yield out
     for pair in out.values():
         for m in pair:
@@ -196,10 +203,21 @@ def check_in_step(target: Model, fresh: Model, seq: list[int]) -> None:
     assert h.cached == h.injected == h.n_past  # the queue went in with the block, whose cells are gone again
     want = f.draft(seq[-1], f.n_past, f.max_draft)
     assert got.tokens == want.tokens
-    if got.logits is not None:
-        np.testing.assert_allclose(got.logits, want.logits, atol=2e-3)
+    heads_run.same_rows(got, want)
     if got.stated is not None:
         np.testing.assert_allclose(got.stated, want.stated, atol=1e-3)
+
+
+def whole_rows(h: DFlashHead, last: int):
+    """The block ``h`` would draft now after ``last``, its rows read back whole (no sampler)."""
+    ll.llama_set_sampler(h._ctx, 0, None)
+    ll.llama_sampler_free(h._chain)  # (a chain is set up for one context once)
+    h._chain = None
+    try:
+        return h.draft(last, h.n_past, h.max_draft)
+    finally:
+        h._chain = h._sample_rows(h._ctx)
+        assert h._chain is not None
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -219,9 +237,22 @@ def test_each_kind_loads_and_drafts_a_block(targets, kind):
     assert len(b) == h.max_draft == (BLOCK_SIZE if kind == "dspark" else BLOCK_SIZE - 1)
     assert all(0 <= t < target.n_vocab for t in b.tokens) and h.cached == h.n_past
     if kind == "dflash":
-        assert b.stated is None and b.logits is not None and b.tokens == [int(x) for x in np.argmax(b.logits, axis=1)]
+        assert b.stated is None
     else:  # DSpark's confidence head, DFlash2's selector
         assert b.stated is not None and all(0.0 < c < 1.0 for c in b.stated)
+    assert (h._chain is not None) == bool(SAMPLED[kind][0])
+    if kind != "dflash2" and h._chain is None:  # rows read back whole
+        assert b.logits is not None and b.tokens == [int(x) for x in np.argmax(b.logits, axis=1)]
+    if h._chain is not None:  # rows sampled where the logits are: each row's top k, as the whole rows have them
+        assert b.logits is None and b.candidates is not None and b.candidates.shape == (len(b), BLOCK_TOP_K)
+        whole = whole_rows(h, prompt[-1])
+        assert b.tokens == [int(x) for x in np.argmax(whole.logits, axis=1)]
+        for i in range(len(b)):
+            order = np.argsort(-whole.logits[i], kind="stable")[:BLOCK_TOP_K]
+            assert set(b.candidates[i]) == set(order)
+            np.testing.assert_allclose(b.row(i)[order], whole.logits[i][order], atol=1e-4)
+            assert np.isneginf(np.delete(b.row(i), order)).all()
+            assert b.confidence(i) == pytest.approx(greedy_confidence(b.row(i), b.tokens[i]), rel=1e-6)
     target.eval([prompt[-1], *b.tokens], logits="all")  # a verify: its rows are queued
     h.draft(prompt[-1], h.n_past, 2)  # (an injection of them all)
     assert h.cached == h.n_past == len(prompt) + len(b)
@@ -249,7 +280,7 @@ def test_a_drafter_attached_late_catches_up(tiny, drafters, targets):
         assert late.dflash is h and h.n_past == late.n_past == len(prompt) - 1
         target.reset()
         target.eval(prompt[:-1], logits="none")
-        np.testing.assert_allclose(h.draft(prompt[-1], h.n_past, 3).logits, target.dflash.draft(prompt[-1], h.n_past, 3).logits, atol=2e-3)
+        heads_run.same_rows(h.draft(prompt[-1], h.n_past, 3), target.dflash.draft(prompt[-1], h.n_past, 3))
     assert late.dflash is None and h._ctx is None  # closed with its target
 
 
@@ -269,7 +300,7 @@ def test_closing_one_head_leaves_another_reading_the_same_layers(tiny, drafters,
         alone.eval(prompt[:-1], logits="none")
         got, want = h.draft(prompt[-1], h.n_past, 4), alone.dflash.draft(prompt[-1], alone.n_past, 4)
         assert got.tokens == want.tokens
-        np.testing.assert_allclose(got.logits, want.logits, atol=2e-3)
+        heads_run.same_rows(got, want)
 
 
 # --- drafting through the engine ------------------------------------------------------------

@@ -50,6 +50,7 @@ from llama_cpp import llama_cpp_ext as ll_ext
 from specrun.errors import BackendError, BadModelFile, UsageError
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
+from specrun.llama.devices import supports_gpu_offload
 from specrun.llama.ffi import _ensure_init
 from specrun.llama.heads import _eagle3_fn, _free_context, _head_context, _load_head, read_layer_inputs
 from specrun.llama.model import LoadOptions, Model
@@ -58,6 +59,9 @@ from specrun.llama.model import LoadOptions, Model
 # counts as having an encoder, so llama.cpp gives it an output row of n_vocab floats per batch
 # row: keep it small
 DFLASH_BATCH = 64
+# candidates a block's row hands back when sampled where the logits are (llama.cpp's own top-k for
+# its drafts, and the top-k its p-min softmax is taken over)
+BLOCK_TOP_K = 10
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,28 @@ class Block:
     pos: int  # the last token's position
     tokens: list[int]
     stated: list[float] | None
-    logits: np.ndarray | None  # (drafts, n_vocab): DFlash and DSpark
-    candidates: np.ndarray | None = None  # DFlash2: (drafts, k) token ids per row
-    scores: np.ndarray | None = None  # DFlash2: (drafts, k, k): [previous row's pick, this row's candidate]
-    n_vocab: int = 0  # DFlash2: how long a row of logits is (the target's vocabulary)
+    logits: np.ndarray | None  # (drafts, n_vocab): DFlash and DSpark, read back whole
+    candidates: np.ndarray | None = None  # (drafts, k) token ids per row: sampled rows' top k, DFlash2's candidates
+    scores: np.ndarray | None = (
+        None  # (drafts, k) logits of sampled rows' candidates; DFlash2: (drafts, k, k), [previous row's pick, this row's candidate]
+    )
+    n_vocab: int = 0  # how long a row of logits is (the target's vocabulary)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def sampled(self) -> bool:
+        """Were the rows sampled in llama.cpp (each row's top k, not the whole vocabulary)?"""
+        return self.scores is not None and self.scores.ndim == 2
+
+    def confidence(self, i: int) -> float:
+        """A sampled row's softmax at its argmax (the draft), over its top k: what
+        ``greedy_confidence`` reads off the row, without a pass over the vocabulary."""
+        assert self.candidates is not None and self.scores is not None
+        _, first = np.unique(self.candidates[i], return_index=True)  # (a short row's padding out)
+        top = self.scores[i][first]
+        return 1.0 / float(np.exp(top - top.max()).sum())
 
     def row(self, i: int, prev: int | None = None) -> np.ndarray:
         """Draft row i's logits over the vocabulary, given the draft before it (``prev``; only
@@ -84,12 +103,15 @@ class Block:
         if self.logits is not None:
             return self.logits[i]
         assert self.candidates is not None and self.scores is not None
-        pick = 0
-        if i > 0 and prev is not None:
-            hit = np.nonzero(self.candidates[i - 1] == prev)[0]
-            pick = int(hit[0]) if hit.size else 0
+        scores = self.scores[i]
+        if scores.ndim == 2:  # DFlash2: the pair scores from the previous pick
+            pick = 0
+            if i > 0 and prev is not None:
+                hit = np.nonzero(self.candidates[i - 1] == prev)[0]
+                pick = int(hit[0]) if hit.size else 0
+            scores = scores[pick]
         out = np.full(self.n_vocab, -np.inf, np.float32)
-        out[self.candidates[i]] = self.scores[i, pick]
+        out[self.candidates[i]] = scores
         return out
 
 
@@ -101,10 +123,14 @@ class DFlashHead:
     injected: int  # positions in the cache
     _queue: list[np.ndarray]  # the target's rows for positions injected.., oldest first
 
-    def __init__(self, target: Model, path: str | Path, opts: LoadOptions | None = None):
+    def __init__(self, target: Model, path: str | Path, opts: LoadOptions | None = None, sampled: bool | None = None):
         """``opts``: where the drafter's own weights go (by default where the target's did).
         A file llama.cpp would refuse or abort on, or one for another target, is refused first,
-        from the headers."""
+        from the headers. ``sampled``: are a block's rows sampled where its logits are, so that
+        each hands back its top ``BLOCK_TOP_K``, not the whole vocabulary? By default where the
+        output head is on a GPU: on this CPU a 16-row block took 6% longer so (a top-k over each
+        row in the graph, against a copy and numpy's argmax), on a GPU it saves reading back
+        megabytes a round."""
         self.path = Path(path)
         info = model_info(self.path)
         head = head_file_of(info)
@@ -131,7 +157,7 @@ class DFlashHead:
         self._ctx = None
         self._batch = None
         try:
-            ctx = _head_context(self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=DFLASH_BATCH)
+            ctx = _head_context(self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=DFLASH_BATCH, sampled=True)
         except BaseException:
             ll.llama_model_free(self._model)
             self._model = None
@@ -141,6 +167,9 @@ class DFlashHead:
         self._mem = ll.llama_get_memory(ctx)
         self._batch = ll.llama_batch_ext_init(ctx)
         self.n_batch = max(1, int(ll.llama_n_ubatch(ctx)))
+        if sampled is None:
+            sampled = _output_on_device(opts or target.opts, int(ll.llama_model_n_layer(self._model)))
+        self._chain = self._sample_rows(ctx) if sampled and self.kind != "dflash2" else None
         # the most drafts a block holds: what the file was trained for, within one ubatch (a
         # non-causal batch over it is an assert)
         self.max_draft = min(head.max_draft, self.n_batch - self.rows(0))
@@ -154,7 +183,9 @@ class DFlashHead:
         if self.kind == "dflash2" or self.confidence_head:  # the lattice (every row's), or the confidences (the outputs')
             ll_ext.llama_set_embeddings_nextn(ctx, True, self.kind != "dflash2")
         self.inject_s = 0.0  # seconds in injection decodes (and copying the target's rows)
-        self.draft_s = 0.0  # seconds in block decodes
+        self.draft_s = 0.0  # seconds in block decodes, reading the rows included
+        self.read_s = 0.0  # of which reading the rows back (a copy of logits and their argmaxes, or the sampled top k)
+        self.called_s = 0.0  # seconds in draft() calls: a queue's injection, the block, its rows read
         self.injected_rows = 0  # target positions injected
         self.decodes = 0  # llama_process calls on the drafter's context
         self.reset()
@@ -164,6 +195,18 @@ class DFlashHead:
             target.dflash = self
             target.eval(tokens, logits="none")
         target.dflash = self
+
+    def _sample_rows(self, ctx):
+        """Have llama.cpp keep each block row's top ``BLOCK_TOP_K`` where the logits are (on a GPU:
+        on the device), so that k ids and logits a row come back instead of a row of the whole
+        vocabulary; None where this context cannot (llama.cpp then says why, and the rows come
+        back whole)."""
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(BLOCK_TOP_K))
+        if ll.llama_set_sampler(ctx, 0, chain):
+            return chain
+        ll.llama_sampler_free(chain)
+        return None
 
     # --- following the target ------------------------------------------------------------
 
@@ -267,22 +310,48 @@ class DFlashHead:
         try:
             self._run("draft a block")
             first = rows - n  # the first draft row (0 where the anchor row drafts too)
+            t2 = time.perf_counter()
             block = self._read(pos, first, n)
+            self.read_s += time.perf_counter() - t2
         finally:
             ll.llama_memory_seq_rm(self._mem, 0, pos, -1)  # the block's cells: the target's verify decides what comes there
-        self.draft_s += time.perf_counter() - t1
+        t3 = time.perf_counter()
+        self.draft_s += t3 - t1
+        self.called_s += t3 - t0
         return block
 
     def _read(self, pos: int, first: int, n: int) -> Block:
         """The block's draft rows ``first``.. (``n`` of them), from the decode just run."""
         if self.kind == "dflash2":
             return self._walk(pos, first, n)
-        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, 0), shape=(first + n, self.target.n_vocab))[first:].copy()
         stated = None
         if self.confidence_head:  # (masked: one row per output) each broadcast over an n_embd-wide row
             conf = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self._ctx), shape=(first + n, self.n_embd))
             stated = [float(c) for c in conf[first:, 0]]
-        return Block(pos, [int(x) for x in np.argmax(logits, axis=1)], stated, logits)
+        if self._chain is not None:
+            ids, top = self._sampled(first, n)
+            return Block(pos, [int(r[j]) for r, j in zip(ids, np.argmax(top, axis=1))], stated, None, ids, top, self.target.n_vocab)
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, 0), shape=(first + n, self.target.n_vocab))[first:].copy()
+        return Block(pos, [int(x) for x in np.argmax(logits, axis=1)], stated, logits, n_vocab=self.target.n_vocab)
+
+    def _sampled(self, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``first``.. of the block as llama.cpp's sampler left them: each row's candidate
+        ids and their logits, (n, BLOCK_TOP_K) each (fewer than k: the first repeated)."""
+        ids = np.zeros((n, BLOCK_TOP_K), np.int64)
+        top = np.full((n, BLOCK_TOP_K), -np.inf, np.float32)
+        for j in range(n):
+            i = first + j
+            m = min(
+                int(ll.llama_get_sampled_candidates_count_ith(self._ctx, i)),
+                int(ll.llama_get_sampled_logits_count_ith(self._ctx, i)),
+                BLOCK_TOP_K,
+            )
+            if m <= 0:  # pragma: no cover - every row is an output of a sampled sequence
+                raise BackendError(f"the {self.what} sampled nothing for a block's row {i}", "use another {mode}")
+            ids[j, :m] = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(self._ctx, i), shape=(m,))
+            top[j, :m] = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self._ctx, i), shape=(m,))
+            ids[j, m:], top[j, m:] = ids[j, 0], top[j, 0]  # (repeats of the first: the same row)
+        return ids, top
 
     def _walk(self, pos: int, first: int, n: int) -> Block:
         """DFlash2: each row of the lattice (unmasked: one per batch row) holds its top-k
@@ -311,6 +380,11 @@ class DFlashHead:
     # --- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
+        if getattr(self, "_chain", None) is not None:
+            if self._ctx:
+                ll.llama_set_sampler(self._ctx, 0, None)
+            ll.llama_sampler_free(self._chain)
+            self._chain = None
         _free_context(self)
         target = getattr(self, "target", None)
         if target is not None:
@@ -320,6 +394,13 @@ class DFlashHead:
         if self._model:
             ll.llama_model_free(self._model)
             self._model = None
+
+
+def _output_on_device(opts: LoadOptions, n_layer: int) -> bool:
+    """Does llama.cpp put a model's output head on a GPU under ``opts``? (It goes with the layer
+    past the last: every layer and the output are offloaded.)"""
+    gpu = opts.devices != () and supports_gpu_offload()
+    return gpu and (opts.n_gpu_layers < 0 or opts.n_gpu_layers > n_layer)
 
 
 def _meta(model, key: str) -> str | None:

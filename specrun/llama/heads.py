@@ -345,14 +345,19 @@ def _free_context(head) -> None:
         head._ctx = None
 
 
-def _head_context(model, target: Model, log: _Log, name: str, mtp: bool, n_batch: int | None = None):
+def _head_context(
+    model, target: Model, log: _Log, name: str, mtp: bool, n_batch: int | None = None, sampled: bool = False
+):  # fmt: skip
     """A context for draft heads on ``model``, beside ``target``'s (its ``ctx_other``), with the
     target's size and threads: an MTP context (``mtp``: one output row, as a draft step reads
     one and catching up none; no recurrent snapshots), else a plain one. ``n_batch`` (default
-    the target's) is also its ubatch. ``name`` says what failed."""
+    the target's) is also its ubatch; ``sampled``: a backend sampler may read every row of a
+    batch (llama.cpp's default is one output per sequence). ``name`` says what failed."""
     cp = ll.llama_context_default_params()
     cp.n_ctx = target.n_ctx
     cp.n_batch = cp.n_ubatch = n_batch or target.n_batch
+    if sampled:
+        cp.n_outputs_max_per_seq = cp.n_batch
     cp.n_threads = cp.n_threads_batch = target.opts.n_threads
     if mtp:
         cp.n_outputs_max = 1

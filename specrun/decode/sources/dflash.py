@@ -9,7 +9,8 @@ block lengths and read off that curve: on a GPU the curve is flat and the price 
 token falls with k; on a CPU every row also pays for the target's output head, and a long block
 can cost more than a target step. The block is read as the draft model's tokens are drafted
 (``model.py``): its rows one after another, each with its confidence (the drafter's own where
-it states one: DSpark's confidence head; else the row's softmax), so the posteriors, the stop
+it states one: DSpark's confidence head; else the row's softmax, over its top k where llama.cpp
+sampled the rows), so the posteriors, the stop
 rule and the learning are the draft model's. Sampling draws each draft from its row's logits
 (DFlash2's: from the selector's scores given the draft before it), the law the engine's exact
 acceptance is told.
@@ -121,6 +122,8 @@ class DFlashSource(Autoregressive):
         b = self._block
         if b is not None and b.stated is not None and self.head.confidence_head:  # DSpark's confidence head
             return b.stated[i]
+        if b is not None and b.sampled:  # the softmax over the row's top k, from those k alone
+            return b.confidence(i)
         return super()._confidence(i, row, x)
 
     def token_cost(self) -> float:
