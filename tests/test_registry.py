@@ -10,6 +10,7 @@ import pytest
 
 from specrun.cli.main import main
 from specrun.errors import EXIT_FAIL, EXIT_INPUT, RegistryError, UnknownModel
+from specrun.gguf.heads import named_beside
 from specrun.models.registry import Registry, expand, packaged_registry_path, sha256_file, user_config_path
 
 
@@ -98,6 +99,27 @@ def test_default_drafts():
     assert reg.default_draft(reg.resolve("8b")).entry.name == "llama-3.2-1b"
     assert reg.default_draft(reg.resolve("demo")).entry.name == "qwen-0.5b"
     assert reg.default_draft(reg.resolve("qwen-0.5b")) is None
+
+
+BESIDE_SUFFIXES = ("-dflash", "-dspark")
+
+
+def test_packaged_block_drafters_land_where_hybrid_looks(tmp_path, monkeypatch):
+    """Each registered DFlash or DSpark drafter (``<target>-dflash``, ``<target>-dspark``) is
+    pulled into its target's folder under a name the discovery beside the target lists, so hybrid
+    finds it without -d."""
+    monkeypatch.setenv("SPECRUN_MODELS_DIR", str(tmp_path))
+    reg = Registry.load()
+    drafters = [e for e in reg.entries.values() if e.name.endswith(BESIDE_SUFFIXES)]
+    assert drafters
+    for e in drafters:
+        target = reg.resolve(e.name.rsplit("-", 1)[0])
+        drafter = reg.resolve(e.name)
+        for r in (target, drafter):
+            r.path.parent.mkdir(parents=True, exist_ok=True)
+            r.path.touch()
+        assert drafter.path in named_beside(target.path), e.name
+        assert e.hf is not None and e.hf.endswith("/" + drafter.path.name)
 
 
 def test_packaged_paths_follow_specrun_models_dir(tmp_path, monkeypatch):
