@@ -129,6 +129,7 @@ SCRIPT_FLAGS = {
     "--setups": "tools/compare_serve.py",
     "--sessions": "tools/replay_sessions.py",
     "--file": "tools/replay_sessions.py",
+    "--rows": "tools/dflash_profile.py",
 }
 # flags of llama.cpp's own tools, shown beside specrun's for comparison (not checkable here)
 LLAMA_CPP_FLAGS = {"--jinja", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"}
