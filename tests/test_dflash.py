@@ -42,6 +42,7 @@ from specrun.errors import EXIT_FAIL, EXIT_INPUT, EXIT_USAGE, BadModelFile, Usag
 from specrun.gguf.facts import model_info
 from specrun.gguf.heads import HeadFile, head_file_of
 from specrun.llama import DFlashHead, Eagle3Head, LoadOptions, Model
+from specrun.llama import dflash as dflash_backend
 from specrun.llama.dflash import BLOCK_TOP_K
 
 KINDS = ("dflash", "dspark", "dflash2")
@@ -489,3 +490,18 @@ def test_a_target_whose_graph_hands_out_no_layer_inputs_is_refused_in_one_line(t
     assert code == EXIT_FAIL and "not qwen2's" in json.dumps(json.loads(out)["draft_head"])
     code, out, err = cli(["generate", "-m", str(tiny["target"]), "-d", str(draft), "-p", "hi", "-n", "2", "-t", "1"], capsys)
     assert code == 0, err  # the llama header of the same network hosts it
+
+
+@pytest.mark.parametrize(
+    "gpu, opts, n_layer, want",
+    [
+        (False, LoadOptions(), 4, False),  # this machine: rows come back whole
+        (True, LoadOptions(), 4, True),  # every layer on the GPU, and so the output head
+        (True, LoadOptions(n_gpu_layers=5), 4, True),
+        (True, LoadOptions(n_gpu_layers=4), 4, False),  # the layers, not the head
+        (True, LoadOptions(devices=()), 4, False),  # the CPU alone
+    ],
+)
+def test_rows_are_sampled_by_default_only_where_the_output_head_is_on_a_gpu(monkeypatch, gpu, opts, n_layer, want):
+    monkeypatch.setattr(dflash_backend, "supports_gpu_offload", lambda: gpu)
+    assert dflash_backend._output_on_device(opts, n_layer) is want

@@ -76,9 +76,8 @@ class Block:
     stated: list[float] | None
     logits: np.ndarray | None  # (drafts, n_vocab): DFlash and DSpark, read back whole
     candidates: np.ndarray | None = None  # (drafts, k) token ids per row: sampled rows' top k, DFlash2's candidates
-    scores: np.ndarray | None = (
-        None  # (drafts, k) logits of sampled rows' candidates; DFlash2: (drafts, k, k), [previous row's pick, this row's candidate]
-    )
+    # (drafts, k) logits of sampled rows' candidates; DFlash2's: (drafts, k, k), [previous row's pick, this row's candidate]
+    scores: np.ndarray | None = None
     n_vocab: int = 0  # how long a row of logits is (the target's vocabulary)
 
     def __len__(self) -> int:
@@ -156,8 +155,13 @@ class DFlashHead:
         self._model = _load_head(self.path, opts or target.opts, log)
         self._ctx = None
         self._batch = None
+        if sampled is None:
+            sampled = _output_on_device(opts or target.opts, int(ll.llama_model_n_layer(self._model)))
+        sampled = sampled and self.kind != "dflash2"  # (DFlash2 reads its lattice, never logits)
         try:
-            ctx = _head_context(self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=DFLASH_BATCH, sampled=True)
+            ctx = _head_context(
+                self._model, target, log, f"a context for {self.path.name}", mtp=False, n_batch=DFLASH_BATCH, sampled=sampled
+            )
         except BaseException:
             ll.llama_model_free(self._model)
             self._model = None
@@ -167,9 +171,7 @@ class DFlashHead:
         self._mem = ll.llama_get_memory(ctx)
         self._batch = ll.llama_batch_ext_init(ctx)
         self.n_batch = max(1, int(ll.llama_n_ubatch(ctx)))
-        if sampled is None:
-            sampled = _output_on_device(opts or target.opts, int(ll.llama_model_n_layer(self._model)))
-        self._chain = self._sample_rows(ctx) if sampled and self.kind != "dflash2" else None
+        self._chain = self._sample_rows(ctx) if sampled else None
         # the most drafts a block holds: what the file was trained for, within one ubatch (a
         # non-causal batch over it is an assert)
         self.max_draft = min(head.max_draft, self.n_batch - self.rows(0))
