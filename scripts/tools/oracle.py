@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from specrun.bench.runner import load_prompts
+from specrun.decode.costs import CostModel
 from specrun.gguf.facts import model_info
 from specrun.llama import LoadOptions, Model
 from specrun.run.config import PairConfig
@@ -33,9 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402
 
 
-def agreement(target: Model, draft: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    """The target's greedy reply (up to n tokens), and A(i): how many of its tokens from i on the
-    draft predicts in a row, fed the reply itself."""
+def greedy_reply(target: Model, prompt: list[int], n: int) -> list[int]:
+    """The target's greedy reply to ``prompt``, up to n tokens (or its end of turn)."""
     reply: list[int] = []
     logits = target.eval_last(prompt)
     while len(reply) < n:
@@ -44,13 +45,36 @@ def agreement(target: Model, draft: Model, prompt: list[int], n: int) -> tuple[l
         if target.is_eog(x):
             break
         logits = target.eval_last([x])
+    return reply
+
+
+def fed_reply(draft: Model, prompt: list[int], reply: list[int], n_vocab: int) -> Iterator[tuple[np.ndarray, list[int]]]:
+    """The draft fed ``prompt`` and then ``reply`` itself, 64 tokens a decode: each decode's rows of
+    logits (over the target's ``n_vocab``) and the reply tokens they guess, in order."""
     draft.eval(prompt[:-1], logits="none")
-    guesses = []
     feed = [prompt[-1], *reply[:-1]]  # the draft's guess for reply[j] comes after feed[j]
     for start in range(0, len(feed), 64):
         rows = draft.eval(feed[start : start + 64], logits="all")
         assert rows is not None
-        guesses += [int(g) for g in np.argmax(rows[:, : target.n_vocab], axis=1)]
+        yield rows[:, :n_vocab], reply[start : start + 64]
+
+
+def stored_costs(target: Path, draft: Path, threads: int) -> tuple[CostModel, float, float]:
+    """What `specrun generate -m TARGET -d DRAFT -t N` learned and stored on this machine: the
+    verify curve, and the draft model's first and later token times (exits where nothing is)."""
+    learned = cost_store().load(cost_key(model_info(target), model_info(draft), PairConfig(threads=threads)))
+    if learned is None or not learned.cost.verify or "model" not in learned.sources:
+        sys.exit(f"no stored costs for this pair at {threads} threads: run `specrun generate` with it first")
+    src = learned.sources["model"]
+    step = float(src.get("per_token") or 0.0)
+    return learned.cost, float(src.get("first_s") or step), step
+
+
+def agreement(target: Model, draft: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """The target's greedy reply (up to n tokens), and A(i): how many of its tokens from i on the
+    draft predicts in a row, fed the reply itself."""
+    reply = greedy_reply(target, prompt, n)
+    guesses = [int(g) for rows, _ in fed_reply(draft, prompt, reply, target.n_vocab) for g in np.argmax(rows, axis=1)]
     hit = np.array(guesses) == np.array(reply)
     run = np.zeros(len(reply) + 1, dtype=int)
     for i in range(len(reply) - 1, -1, -1):
@@ -69,13 +93,7 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=32)
     args = ap.parse_args()
 
-    # what `specrun generate -m TARGET -d DRAFT -t N` learned and stored on this machine
-    learned = cost_store().load(cost_key(model_info(args.target), model_info(args.draft), PairConfig(threads=args.threads)))
-    if learned is None or not learned.cost.verify or "model" not in learned.sources:
-        sys.exit(f"no stored costs for this pair at {args.threads} threads: run `specrun generate` with it first")
-    cost, src = learned.cost, learned.sources["model"]
-    step = float(src.get("per_token") or 0.0)
-    first = float(src.get("first_s") or step)
+    cost, first, step = stored_costs(args.target, args.draft, args.threads)
 
     def draft_s(m: int) -> float:
         return 0.0 if m == 0 else first + (m - 1) * step

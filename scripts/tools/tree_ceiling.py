@@ -37,13 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from specrun.bench.runner import load_prompts
-from specrun.gguf.facts import model_info
 from specrun.llama import LoadOptions, Model
-from specrun.run.config import PairConfig
-from specrun.run.session import cost_key, cost_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_ngram import render  # noqa: E402
+from oracle import fed_reply, greedy_reply, stored_costs  # noqa: E402
 
 RANKS = 3  # the draft's choices looked at: the first, and up to two siblings
 
@@ -52,23 +50,10 @@ def ranks(target: Model, draft: Model, prompt: list[int], n: int) -> tuple[np.nd
     """The rank of each of the target's greedy reply tokens among the draft's choices, fed the
     reply (1: its first choice; RANKS + 1: below the ones looked at), and the draft's confidence
     in its first choice there (its softmax)."""
-    reply: list[int] = []
-    logits = target.eval_last(prompt)
-    while len(reply) < n:
-        x = int(np.argmax(logits))
-        reply.append(x)
-        if target.is_eog(x):
-            break
-        logits = target.eval_last([x])
-    draft.eval(prompt[:-1], logits="none")
-    feed = [prompt[-1], *reply[:-1]]  # the draft's guess for reply[j] comes after feed[j]
     out, conf = [], []
-    for start in range(0, len(feed), 64):
-        rows = draft.eval(feed[start : start + 64], logits="all")
-        assert rows is not None
-        rows = rows[:, : target.n_vocab]
+    for rows, wanted in fed_reply(draft, prompt, greedy_reply(target, prompt, n), target.n_vocab):
         top = np.argsort(-rows, axis=1)[:, :RANKS]
-        for row, logits, want in zip(top, rows, reply[start : start + 64]):
+        for row, logits, want in zip(top, rows, wanted):
             hit = np.nonzero(row == want)[0]
             out.append(int(hit[0]) + 1 if hit.size else RANKS + 1)
             conf.append(1.0 / float(np.exp(logits - logits[row[0]]).sum()))
@@ -128,12 +113,7 @@ def main() -> int:
     ap.add_argument("--width-cost", type=float, default=None, help="a verify of b tokens costs 1 + X (b - 1) steps")
     args = ap.parse_args()
 
-    learned = cost_store().load(cost_key(model_info(args.target), model_info(args.draft), PairConfig(threads=args.threads)))
-    if learned is None or not learned.cost.verify or "model" not in learned.sources:
-        sys.exit(f"no stored costs for this pair at {args.threads} threads: run `specrun generate` with it first")
-    cost, src = learned.cost, learned.sources["model"]
-    step = float(src.get("per_token") or 0.0)
-    first = float(src.get("first_s") or step)
+    cost, first, step = stored_costs(args.target, args.draft, args.threads)
     c = cost.table(64)
     if args.width_cost is not None:
         c = c[0] * (1.0 + args.width_cost * np.arange(len(c)))
