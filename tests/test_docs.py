@@ -130,6 +130,9 @@ SCRIPT_FLAGS = {
     "--sessions": "tools/replay_sessions.py",
     "--file": "tools/replay_sessions.py",
     "--rows": "tools/dflash_profile.py",
+    "--aider": "tools/aider_session.py",
+    "--turns": "tools/aider_session.py",
+    "--session": "tools/aider_session.py",
 }
 # flags of llama.cpp's own tools, shown beside specrun's for comparison (not checkable here)
 LLAMA_CPP_FLAGS = {"--jinja", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"}

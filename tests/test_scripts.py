@@ -383,3 +383,109 @@ def test_batch_divergence_runs_its_three_passes_on_a_real_server(tiny, capsys) -
     for r in rows:
         assert r["batched_differs_at_token"] is None and r["again_differs_at_token"] is None, r
         assert r["alone"] == r["batched"] == r["again"] and r["tokens"][0] == r["tokens"][1] == r["tokens"][2] <= 12
+
+
+# --- scripts/tools/aider_session.py: a real Aider session against each server ----------------------
+
+
+def aider_module():
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS_DIR / "tools"))
+    import aider_session
+
+    return aider_session
+
+
+def test_aider_session_reads_aiders_token_line() -> None:
+    a = aider_module()
+    assert a.tokens_counted("Applied edit to x.py\nTokens: 937 sent, 386 received.\n") == (937, 386)
+    assert a.tokens_counted("Tokens: 2.4k sent, 1.1k received. Cost: $0.00\n") == (2400, 1100)
+    # a turn whose edit Aider found malformed asks again: both requests count
+    assert a.tokens_counted("Tokens: 1.0k sent, 477 received.\n...\nTokens: 1.6k sent, 66 received.") == (2600, 543)
+    assert a.tokens_counted("litellm.APIConnectionError: refused") == (0, 0)
+
+
+def test_aider_session_types_the_replays_turns_without_the_file() -> None:
+    """Aider adds the file itself: a turn is the replay's instruction, the inlined file left out."""
+    a = aider_module()
+    session = replay_module().load_sessions()["whole-file"]
+    typed = a.instructions(session, None)
+    assert len(typed) == len(session["turns"]) and a.instructions(session, 2) == typed[:2]
+    for turn, message in zip(session["turns"], typed):
+        assert "{file}" not in message and "{path}" not in message and "```" not in message
+        assert message and turn.rstrip().endswith(message)
+
+
+def test_aider_session_plays_each_turn_in_a_fresh_repository(tmp_path: Path) -> None:
+    """``play`` runs one Aider process a turn in a git repository holding the session's file, and
+    counts what each turn's "Tokens:" line says. (Aider itself is not installed here: a stand-in
+    that edits the file as Aider would and prints Aider's line.)"""
+    import stat
+    import sys
+
+    a = aider_module()
+    stand_in = tmp_path / "aider"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, subprocess, sys\n"
+        "args = sys.argv[1:]\n"
+        "message, path = args[args.index('--message') + 1], args[-1]\n"
+        "assert subprocess.run(['git', 'log', '--oneline'], capture_output=True).returncode == 0\n"
+        "f = pathlib.Path(path)\n"
+        "f.write_text(f.read_text() + '# ' + message[:20] + '\\n')\n"
+        "print(f'Tokens: {len(f.read_text())} sent, {len(message)} received.')\n"
+    )
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
+    session = {"file": {"path": "m.py", "text": "x = 1\n"}, "turns": ["{path}\n```python\n{file}```\n\nRename x to y.", "Add z."]}
+    log = tmp_path / "aider.log"
+    played = a.play(str(stand_in), "M", 9, session, a.instructions(session, None), "plain", 1, log)
+    assert [t.exit_code for t in played.turns] == [0, 0]
+    assert [t.received for t in played.turns] == [len("Rename x to y."), len("Add z.")]
+    assert played.turns[1].sent > played.turns[0].sent  # the file as the first turn left it
+    assert played.received == sum(t.received for t in played.turns) and played.wall_s > 0
+    assert played.file_sha and played.file_sha != a.play(str(stand_in), "M", 9, session, ["Other."], "plain", 1, log).file_sha
+    assert log.read_text().count("===== plain run 1 turn") == 3
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--setups", "specrun,bogus"], "unknown setup bogus"),
+        (["--session", "ask-twice"], "no session 'ask-twice' with a file"),
+        (["--turns", "0"], "--turns"),
+        (["--setups", "specrun,plain"], "--bin"),
+    ],
+)
+def test_aider_session_refuses_bad_arguments(args: list[str], words: str) -> None:
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS_DIR / "tools" / "aider_session.py"), *args, "--dry-run"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and words in result.stderr.strip().splitlines()[-1], result.stderr
+    assert result.stdout == ""
+
+
+def test_aider_session_without_aider_says_where_to_get_it(tmp_path: Path) -> None:
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS_DIR / "tools" / "aider_session.py"), "--setups", "specrun", "--aider", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2 and "pip install aider-chat" in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def test_aider_session_dry_run_shows_a_server_per_setup_and_an_aider_per_turn(tmp_path: Path) -> None:
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS_DIR / "tools" / "aider_session.py"), "--bin", str(tmp_path), "--setups", "specrun,ngram-mod",
+         "--turns", "2", "--dry-run"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["specrun", "ngram-mod", "aider", "aider"]
+    for line in lines[2:]:
+        assert "--edit-format whole" in line and "--map-tokens 0" in line and "--no-auto-commits" in line and "127.0.0.1" in line
