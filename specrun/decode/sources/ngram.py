@@ -38,8 +38,19 @@ from specrun.decode.round import Proposal, Round
 from specrun.decode.sampling import Dist
 from specrun.decode.sources.base import DECAY, PRIOR_WEIGHT, Rate, RateTable
 
-COPY_BINS = (0, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # lower edges of the copy-length bins
-# (0 and 1: a copy just past an edit the drafter learned)
+# What makes a copy, in the prompt lookup here and in the lookup of earlier replies (suffix.py):
+MATCH_CAP = 64  # how far back a match is measured (trades: telling long copies apart, against a
+# lookup's work); the copy-length bins run up to it
+OCCURRENCES = 32  # the latest places an n-gram is kept for; of them, the one matching furthest back
+# is copied, and an earlier reply's continuation is what most of them went on with (trades: finding
+# the best places of a common n-gram, against a lookup's work)
+MIN_MATCH = 4  # the fewest tokens a match must hold to be more than chance: a copy must have
+# matched this many before a break is learned as an edit, and an earlier reply is looked up by
+# this many (trades: places found, against places that match by chance)
+
+# the copy-length bins' lower edges: half an octave apart up to MATCH_CAP (0: a copy just past
+# an edit the drafter learned, which has matched nothing yet)
+COPY_BINS = (0, *sorted({b for k in range(1, MATCH_CAP.bit_length()) for b in (1 << k, 3 << (k - 1)) if b <= MATCH_CAP}))
 COPY_KINDS = 2  # kinds of text earlier replies are kept as: in practice, those that copy their
 # context (edits, summaries) and those that do not (trades: a reply's prior from texts like it,
 # against learning more kinds from fewer replies each)
@@ -297,9 +308,6 @@ class NgramDrafter:
     """
 
     name = "ngram"
-    MATCH_CAP = 64
-    OCCURRENCES = 8  # the latest occurrences of an n-gram kept; the one matching furthest back is copied
-    EDIT_MIN_MATCH = 4  # a copy must have matched this many tokens before a break counts as an edit
 
     def __init__(self, n_min: int = 2, n_max: int = 6):
         if not 1 <= n_min <= n_max:
@@ -334,7 +342,7 @@ class NgramDrafter:
                 if end - n >= 0:
                     seen = self._index.setdefault(tuple(tokens[end - n : end]), [])
                     seen.append(end)
-                    if len(seen) > self.OCCURRENCES:
+                    if len(seen) > OCCURRENCES:
                         del seen[0]
 
     def _update(self, tokens: list[int]) -> None:
@@ -350,9 +358,9 @@ class NgramDrafter:
     def _copy(self, tokens: list[int], src: int, k: int, match: int) -> Proposal:
         """Propose the k source tokens from ``src`` on, with the learned edits applied."""
         run = self.span(tokens, src, k)
-        self._follow = (len(tokens), src, min(match, self.MATCH_CAP))
+        self._follow = (len(tokens), src, min(match, MATCH_CAP))
         self._read = max(self._read, src)
-        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, self.MATCH_CAP), start=src)
+        return Proposal(run, [Dist.one_hot(t) for t in run], min(match, MATCH_CAP), start=src)
 
     @property
     def seen(self) -> list[int]:
@@ -385,9 +393,9 @@ class NgramDrafter:
         source_token, written = source[nxt - 1], got[-1]
         if written == source_token:
             self.edits.pop(source_token, None)  # a learned edit was wrong here: the source stands
-        elif match + grown - 1 >= self.EDIT_MIN_MATCH:  # the copy had matched this much before the break
+        elif match + grown - 1 >= MIN_MATCH:  # the copy had matched this much before the break
             self.edits[source_token] = written
-            self._broke = [*self._broke, nxt - 1][-self.OCCURRENCES :]
+            self._broke = [*self._broke, nxt - 1][-OCCURRENCES:]
         else:
             self.edits.pop(source_token, None)
             return None
@@ -451,7 +459,7 @@ class NgramDrafter:
             found = []
             for src in self._index.get(tuple(seq[end - n :]), ()):
                 match = n
-                while match < self.MATCH_CAP and match < min(src, end) and seq[end - 1 - match] == source[src - 1 - match]:
+                while match < MATCH_CAP and match < min(src, end) and seq[end - 1 - match] == source[src - 1 - match]:
                     match += 1
                 found.append((src, match))
             if found:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from specrun.decode.round import Prediction, Proposal, Round
-from specrun.decode.sources.ngram import NgramDrafter, NgramSource
+from specrun.decode.sources.ngram import MATCH_CAP, NgramSource
 
 
 class PredictionSource(NgramSource):
@@ -55,7 +55,7 @@ class PredictionSource(NgramSource):
         predicted = list(self.prediction.tokens)
         # the prompt's last tokens, as many as a copy's match is ever counted back: the reply's
         # start matches the prediction's start further back than anything inside it could
-        anchor = prompt[-NgramDrafter.MATCH_CAP :] if predicted else []
+        anchor = prompt[-MATCH_CAP:] if predicted else []
         self.anchor = len(anchor)
         self.drafter.refer(anchor + predicted, self.anchor)
         self.hit = bytearray(len(predicted))

@@ -31,10 +31,11 @@ import numpy as np
 from specrun.decode.round import Continuations, History, Proposal, Round
 from specrun.decode.sampling import Dist
 from specrun.decode.sources.base import PRIOR_WEIGHT, Rate
+from specrun.decode.sources.ngram import MIN_MATCH, OCCURRENCES
 
-N = 4  # tail tokens looked up (trades: fewer, more places that are chance; more, fewer places found)
-MATCH_CAP = 32  # how far back a place's context is compared with the tail's
-OCCURRENCES = 32  # the latest places kept per N tokens (bounds a lookup's work)
+N = MIN_MATCH  # tail tokens looked up: fewer may match by chance (ngram.py, with OCCURRENCES)
+MATCH_CAP = 32  # how far back a place's context is compared with the tail's: the places that match
+# this far are the evidence (trades: more places to count, against places less like this context)
 BYTES_PER_TOKEN = 256  # what the index holds per stored token in CPython, counted high: the token, its
 # N-gram's entry and place take 180 bytes on random text (the worst case: every N-gram new), and a dict
 # does not shrink as texts are removed (tests/test_suffix.py measures it with tracemalloc)
