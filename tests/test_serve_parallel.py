@@ -139,6 +139,27 @@ def test_a_regenerate_finds_its_prompt_cached_and_gets_the_same_text(par):
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
 
 
+def test_an_agents_next_request_takes_the_shared_opening_from_the_slot_that_holds_it(par, tiny):
+    """An agent resends its long instructions with a new question: the opening is taken from the
+    idle slot that holds it (cells shared, not computed again), though that slot's conversation,
+    a long reply after it, is kept for a request that goes on with it. The reply is what plain
+    decoding gives the prompt alone."""
+    opening = "You edit files. Answer with the whole file and nothing else. " * 3
+    first = {"prompt": opening + "File: a.py. Add a docstring.", "max_tokens": 160, "temperature": 0, "draft": "none"}
+    status, _, r1 = par.post("/v1/completions", first)
+    assert status == 200, r1
+    assert r1["usage"]["completion_tokens"] > r1["usage"]["prompt_tokens"] // 2  # the slot holds far more than the opening
+    prompt = opening + "File: b.py. Rename x."
+    status, _, r2 = par.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0, "draft": "none"})
+    assert status == 200, r2
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] > r2["usage"]["prompt_tokens"] // 2  # the opening, not computed again
+    assert_each_as_alone(tiny["target"], [prompt], [r2["choices"][0]["text"]], 12)
+    go_on = {**first, "prompt": first["prompt"] + r1["choices"][0]["text"] + " Now b.py.", "max_tokens": 4}
+    status, _, r3 = par.post("/v1/completions", go_on)
+    assert status == 200, r3
+    assert r3["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"] + r1["usage"]["completion_tokens"] - 1
+
+
 def test_a_client_that_leaves_frees_its_slot(tiny, tmp_path):
     s = Server(tiny_args(tiny, "--parallel", "2", "--max-queue", "4"), tmp_path)
     try:

@@ -204,3 +204,14 @@ class Sequence:
         with self.gate.cond:
             ll.llama_memory_seq_rm(self.model._mem, self.seq, -1, -1)
         self.tokens = []
+
+    def take_prefix(self, other: Sequence, n: int) -> None:
+        """Hold ``other``'s first ``n`` tokens in place of what this sequence held: their cells in
+        the shared cache gain this sequence's id (no decode), so both go on from them. ``other``
+        must be idle (no decode or rollback of its own meanwhile)."""
+        if other.model is not self.model or not 0 < n <= other.n_past:
+            raise ValueError("a prefix is taken from an idle sequence of the same context, within what it holds")
+        with self.gate.cond:
+            ll.llama_memory_seq_rm(self.model._mem, self.seq, -1, -1)
+            ll.llama_memory_seq_cp(self.model._mem, other.seq, self.seq, 0, n)
+        self.tokens = list(other.tokens[:n])

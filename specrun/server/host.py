@@ -340,6 +340,7 @@ class Host:
         try:
             engine = self._engine(slot, req.settings, req.sampler)
             tokens, text = self._prompt(slot, req)
+            self._share_prefix(slot, tokens)
             n_ctx = self.pair.target.n_ctx
             if len(tokens) >= n_ctx:
                 raise _too_long(f"{len(tokens)} tokens", n_ctx, req.prompt_field)
@@ -441,6 +442,23 @@ class Host:
         if msg not in self.warned:
             self.warned.add(msg)
             self.observer.notice(f"warning: {msg}")
+
+    def _share_prefix(self, slot: _Slot, tokens: list[int]) -> None:
+        """Where an idle slot holds more of ``tokens``' start than this one (an agent's next
+        request: the same system prompt and file, a new question), take that prefix from it,
+        target and draft alike: the cells are shared, not decoded again, and the other slot keeps
+        its conversation for a request that goes on with it."""
+        if self.gate is None:  # one sequence: nothing to share
+            return
+        with self.cond:  # no job is handed to the idle slots meanwhile
+            for view in ("target", "draft"):
+                mine: Sequence | None = getattr(slot, view)
+                if mine is None:
+                    continue
+                held = {o.index: common_prefix(getattr(o, view).tokens, tokens, limit=len(tokens) - 1) for o in self.slots if o.job is None}
+                best = max((o for o in self.slots if o.index in held), key=lambda o: held[o.index], default=None)
+                if best is not None and best is not slot and held[best.index] > common_prefix(mine.tokens, tokens, limit=len(tokens) - 1):
+                    mine.take_prefix(getattr(best, view), held[best.index])
 
     def _prompt(self, slot: _Slot, req: Request) -> tuple[list[int], str | None]:
         """The request's token ids, and its text (None when it came as token ids)."""
