@@ -340,10 +340,10 @@ class Host:
         try:
             engine = self._engine(slot, req.settings, req.sampler)
             tokens, text = self._prompt(slot, req)
-            self._share_prefix(slot, tokens)
             n_ctx = self.pair.target.n_ctx
             if len(tokens) >= n_ctx:
                 raise _too_long(f"{len(tokens)} tokens", n_ctx, req.prompt_field)
+            self._share_prefix(slot, tokens)
             room = n_ctx - len(tokens)
             limit = room if req.max_tokens is None else min(req.max_tokens, room)
             notices: tuple[str, ...] = ()
@@ -450,15 +450,17 @@ class Host:
         its conversation for a request that goes on with it."""
         if self.gate is None:  # one sequence: nothing to share
             return
-        with self.cond:  # no job is handed to the idle slots meanwhile
+        limit = len(tokens) - 1  # the last token is evaluated by the first round
+        with self.cond:  # no job is handed to the idle slots meanwhile (this slot is not idle)
+            idle = [o for o in self.slots if o.job is None]
             for view in ("target", "draft"):
                 mine: Sequence | None = getattr(slot, view)
-                if mine is None:
+                if mine is None or not idle:
                     continue
-                held = {o.index: common_prefix(getattr(o, view).tokens, tokens, limit=len(tokens) - 1) for o in self.slots if o.job is None}
-                best = max((o for o in self.slots if o.index in held), key=lambda o: held[o.index], default=None)
-                if best is not None and best is not slot and held[best.index] > common_prefix(mine.tokens, tokens, limit=len(tokens) - 1):
-                    mine.take_prefix(getattr(best, view), held[best.index])
+                held = [(common_prefix(getattr(o, view).tokens, tokens, limit=limit), getattr(o, view)) for o in idle]
+                n, source = max(held, key=lambda h: h[0])
+                if n > common_prefix(mine.tokens, tokens, limit=limit):
+                    mine.take_prefix(source, n)
 
     def _prompt(self, slot: _Slot, req: Request) -> tuple[list[int], str | None]:
         """The request's token ids, and its text (None when it came as token ids)."""
