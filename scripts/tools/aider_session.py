@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_serve import Running, free_port, server_args  # noqa: E402 (the helpers beside this script)
+from compare_serve import Running, at_least_one, free_port, pick_setups, server_args  # noqa: E402 (the helpers beside this script)
 from replay_sessions import LLAMA_SERVER, SESSIONS_FILE, SETUPS, load_sessions, server_command  # noqa: E402
 
 TOKENS = re.compile(r"Tokens:\s*([\d.]+)(k?)\s+sent,\s*([\d.]+)(k?)\s+received", re.I)
@@ -166,13 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dry-run", action="store_true", help="print the server and Aider commands, start nothing")
     args = ap.parse_args(argv)
-    args.setups = [s for s in args.setups.split(",") if s]
-    bad = [s for s in args.setups if s not in SETUPS]
-    if bad or not args.setups:
-        ap.error(f"unknown setup {', '.join(bad) or '(none)'}; known: {', '.join(SETUPS)}")
-    for name in ("runs", "turns", "threads", "ctx", "parallel", "draft_max"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.setups = pick_setups(ap, args.setups, SETUPS)
+    at_least_one(ap, args, ("runs", "turns", "threads", "ctx", "parallel", "draft_max"))
     try:
         sessions = load_sessions(args.file)
     except (OSError, ValueError) as e:

@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_serve import MODELS, Running, bench_prompts, command, free_port  # noqa: E402 (the helpers beside this script)
+from compare_serve import MODELS, Running, at_least_one, bench_prompts, command, free_port  # noqa: E402 (the helpers beside this script)
 
 CLASSES = ("chat", "code-gen", "code-edit", "explain")
 SYSTEM = "You are a helpful assistant."
@@ -127,9 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print every reply and position as JSON on stdout")
     args = ap.parse_args(argv)
     args.classes = [c for c in args.classes.split(",") if c]
-    for name in ("prompts", "clients", "max_tokens", "threads", "ctx"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    at_least_one(ap, args, ("prompts", "clients", "max_tokens", "threads", "ctx"))
     return args
 
 

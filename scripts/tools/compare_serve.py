@@ -274,6 +274,22 @@ def server_args(ap: argparse.ArgumentParser, ctx: int = 4096, parallel: int = 4)
     ap.add_argument("--ngl", type=int, default=99)
 
 
+def pick_setups(ap: argparse.ArgumentParser, given: str, known: tuple[str, ...]) -> list[str]:
+    """The comma-separated setups of ``given``, each one of ``known`` (else the parser's one-line error)."""
+    setups = [s for s in given.split(",") if s]
+    bad = [s for s in setups if s not in known]
+    if bad or not setups:
+        ap.error(f"unknown setup {', '.join(bad) or '(none)'}; known: {', '.join(known)}")
+    return setups
+
+
+def at_least_one(ap: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Each of ``names`` that was given (not None) is 1 or more (else the parser's one-line error)."""
+    for name in names:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     server_args(ap)
@@ -286,19 +302,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, help="also write every sample here")
     ap.add_argument("--dry-run", action="store_true", help="print the server commands, start nothing")
     args = ap.parse_args(argv)
-    args.setups = [s for s in args.setups.split(",") if s]
-    bad = [s for s in args.setups if s not in SETUPS]
-    if bad or not args.setups:
-        ap.error(f"unknown setup {', '.join(bad) or '(none)'}; known: {', '.join(SETUPS)}")
+    args.setups = pick_setups(ap, args.setups, SETUPS)
     try:
         args.clients = sorted({int(c) for c in args.clients.split(",") if c})
     except ValueError:
         ap.error(f"--clients takes comma-separated numbers, got {args.clients!r}")
     if not args.clients or min(args.clients) < 1:
         ap.error("--clients must name at least one count of 1 or more")
-    for name in ("runs", "max_tokens", "threads", "ctx", "parallel", "limit", "draft_max"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    at_least_one(ap, args, ("runs", "max_tokens", "threads", "ctx", "parallel", "limit", "draft_max"))
     args.classes = [c for c in args.classes.split(",") if c]
     if any(s != "specrun" for s in args.setups) and not args.bin:
         ap.error("--bin (llama.cpp's build/bin with llama-server) is needed for the llama-server setups")

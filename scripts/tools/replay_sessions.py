@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_serve import Running, command, free_port, server_args  # noqa: E402 (the helpers beside this script)
+from compare_serve import Running, at_least_one, command, free_port, pick_setups, server_args  # noqa: E402 (the helpers beside this script)
 
 SESSIONS_FILE = Path(__file__).resolve().parent / "replay_sessions.json"
 SETUPS = ("specrun", "specrun-none", "plain", "ngram-mod", "draft-simple")
@@ -288,13 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print every session played and the comparison as JSON on stdout")
     ap.add_argument("--dry-run", action="store_true", help="print the server commands, start nothing")
     args = ap.parse_args(argv)
-    args.setups = [s for s in args.setups.split(",") if s]
-    bad = [s for s in args.setups if s not in SETUPS]
-    if bad or not args.setups:
-        ap.error(f"unknown setup {', '.join(bad) or '(none)'}; known: {', '.join(SETUPS)}")
-    for name in ("runs", "max_tokens", "threads", "ctx", "parallel", "draft_max"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.setups = pick_setups(ap, args.setups, SETUPS)
+    at_least_one(ap, args, ("runs", "max_tokens", "threads", "ctx", "parallel", "draft_max"))
     try:
         args.all_sessions = load_sessions(args.file)
     except (OSError, ValueError) as e:
