@@ -353,6 +353,32 @@ def test_a_draft_step_stored_on_a_busy_day_is_timed_again_at_the_first_prompt_wh
         pair.close()
 
 
+def test_a_draft_step_is_timed_once_a_process_not_once_an_engine(tiny, tmp_path):
+    """A server's slots and every request's settings each have an engine, all drafting from the
+    same draft model: the first to see a prompt times its step, and the others take that time
+    rather than making their own first request wait to time it again."""
+    from specrun.run.session import PairConfig, open_engine, open_pair
+
+    store = CostStore(tmp_path / "costs.json")
+    pair = open_pair(tiny["target"], tiny["draft-small"], PairConfig(n_ctx=1024, threads=1))
+    try:
+        first, second = (open_engine(pair, Settings("model"), Sampler(0.0), store) for _ in range(2))
+        assert first.sources["model"] is not second.sources["model"]
+        timings: list[int] = []
+        for engine in (first, second):
+            src = engine.sources["model"]
+            measure = src.measure_token_cost
+            src.measure_token_cost = lambda token, measure=measure: timings.append(token) or measure(token)
+        prompt = pair.target.tokenize("the quick brown fox jumps over the lazy dog " * 4)
+        first.prefill(prompt)
+        pair.draft.reset()
+        second.prefill(prompt)
+        assert len(timings) == 1
+        assert second.sources["model"].per_token == first.sources["model"].per_token
+    finally:
+        pair.close()
+
+
 def test_a_corrupted_store_is_a_cold_start_with_no_error(tiny, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

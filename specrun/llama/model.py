@@ -173,6 +173,9 @@ class Model:
         # how many attached heads read each layer's inputs (an EAGLE-3 head and a block drafter
         # may read the same layer): the target hands a layer out while anyone reads it
         self.layer_readers: dict[int, set[int]] = {}  # layer -> id() of each head reading it
+        # seconds of what was timed on it in this process, by what (a draft step): shared by
+        # every sequence and every engine that drafts from it, so only the first pays to time it
+        self.timed: dict[str, float] = {}
         log.mark()
         mp, self._keep = _model_params(opts)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mp)

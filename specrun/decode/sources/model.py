@@ -300,16 +300,21 @@ class ModelSource(Autoregressive):
         day would price the draft model out, and a draft never tried is never timed again)
         past the prompt's first tokens, no more than the longest batch the verify curve is
         measured at (a step into a nearly empty cache can take hundreds of times as long; one
-        deep in a long prompt costs a little more than there). Then, where the draft model is
+        deep in a long prompt costs a little more than there). Once, not once a source: a
+        server's every slot and every request's settings draft from the same model, and a
+        request that waits for its own timing waits half a second for nothing (the model
+        keeps the time). Then, where the draft model is
         expected to pay (``may_draft``), prefill its cache as the target's, so that its first
         draft need not catch up the whole prompt. Elsewhere (a compute-bound target, where it
         seldom drafts) the prompt does not wait for it: a round that drafts from it catches its
         cache up then, at a price the chooser weighs (``cost``)."""
         self.lag = 0  # the last prompt's lag is no cost of this one (``prepare`` measures this one's)
         self.since_catch_up = 0  # a stretch starts with the prompt (a reply's end cut the last one short)
-        if not self.timed and len(prompt) < self.model.n_ctx:
+        if not self.timed and "draft step" not in self.model.timed and len(prompt) < self.model.n_ctx:
             self._fill(prompt[: CALIBRATION_SIZES[-1] + 1])
-            self.retime(self.measure_token_cost(prompt[-1]))
+            self.model.timed["draft step"] = self.measure_token_cost(prompt[-1])
+        if not self.timed and "draft step" in self.model.timed:
+            self.retime(self.model.timed["draft step"])
             self.timed = True
         if may_draft():
             self._fill(prompt)
