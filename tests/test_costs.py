@@ -379,6 +379,29 @@ def test_a_draft_step_is_timed_once_a_process_not_once_an_engine(tiny, tmp_path)
         pair.close()
 
 
+def test_a_warmed_up_engine_times_nothing_at_its_first_prompt_and_holds_nothing_after_it(tiny, tmp_path):
+    """A server warms its engine up before it listens: the draft step is timed then, and the
+    first client's prompt finds empty caches and waits for no timing."""
+    from specrun.run.session import PairConfig, open_engine, open_pair
+
+    pair = open_pair(tiny["target"], tiny["draft-small"], PairConfig(n_ctx=1024, threads=1))
+    try:
+        engine = open_engine(pair, Settings("model"), Sampler(0.0), CostStore(tmp_path / "costs.json"))
+        src = engine.sources["model"]
+        timings: list[int] = []
+        measure = src.measure_token_cost
+        src.measure_token_cost = lambda token: timings.append(token) or measure(token)
+        engine.warm_up(pair.target.tokenize("def f(x):\n    return x + 1\n" * 8))
+        assert len(timings) == 1
+        assert pair.target.n_past == pair.draft.n_past == 0 and engine.tokens == []
+        prompt = pair.target.tokenize("the quick brown fox jumps over the lazy dog " * 4)
+        engine.prefill(prompt)
+        assert len(timings) == 1 and src.per_token is not None
+        assert pair.target.tokens == prompt[:-1]
+    finally:
+        pair.close()
+
+
 def test_a_corrupted_store_is_a_cold_start_with_no_error(tiny, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

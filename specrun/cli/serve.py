@@ -24,9 +24,13 @@ from specrun.errors import EXIT_SIGINT, EXIT_SIGTERM, UsageError, render
 from specrun.run.session import OpenPair, cost_store, open_engine
 
 if TYPE_CHECKING:
+    from specrun.decode.engine import Engine
     from specrun.server.suffixes import SuffixCache, Suffixes
 
 MAX_BODY = 4 << 20
+# a prompt to time the draft step on before the first client (past its first tokens, as a
+# request's is: a step into a nearly empty cache is far slower)
+WARM_UP = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 4
 SUFFIX_MB = 64.0  # the tenants' earlier replies and the corpus, kept to draft from: ~250,000 tokens (256 bytes each, as counted)
 
 
@@ -248,8 +252,15 @@ def _serve(
     where, port = address(sock)
     settings = pair.settings_for(opts.settings)
     store = cost_store()
-    # a calibration decodes: on a thread that ends, so that the engine threads decode alone (see on_own_thread)
-    engine = on_own_thread(lambda: open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim")))
+
+    def opened() -> Engine:
+        engine = open_engine(pair, settings, opts.sampler, store, lambda m: err.print(f"specrun: {m}", style="dim"))
+        engine.warm_up(pair.target.tokenize(WARM_UP))  # the first client need not wait for a draft step's timing
+        return engine
+
+    # a calibration and the warm-up decode: on a thread that ends, so that the engine threads
+    # decode alone (see on_own_thread)
+    engine = on_own_thread(opened)
     resolved = load_registry(opts.registry).resolve(opts.model)
     served = Served(
         name=pair.labels[0], aliases=tuple(resolved.entry.aliases) if resolved.entry else (), draft_model=pair.labels[1],

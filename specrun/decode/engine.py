@@ -411,6 +411,13 @@ class Engine:
             if isinstance(src, Autoregressive):
                 src.rng = self.rng
 
+    def warm_up(self, prompt: list[int]) -> None:
+        """Pay before the first request what a process's first prompt pays once (each drafting
+        source times its step at it: ``begin``), on ``prompt``, then empty the caches. A server
+        calls it before it listens, so its first client does not wait for the timing."""
+        self.prefill(prompt[: max(2, self.target.n_ctx // 2)])
+        self.reset()
+
     def reset(self) -> None:
         self.target.reset()
         if self.draft_model is not None:
