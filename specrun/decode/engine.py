@@ -412,10 +412,13 @@ class Engine:
                 src.rng = self.rng
 
     def warm_up(self, prompt: list[int]) -> None:
-        """Pay before the first request what a process's first prompt pays once (each drafting
-        source times its step at it: ``begin``), on ``prompt``, then empty the caches. A server
-        calls it before it listens, so its first client does not wait for the timing."""
-        self.prefill(prompt[: max(2, self.target.n_ctx // 2)])
+        """Pay before the first request what a process's first prompt pays once (each source that
+        drafts step by step times its step at it: ``begin``), on as much of ``prompt`` as a step
+        is timed past, then empty the caches. A server calls it before it listens, so its first
+        client does not wait for the timing; with no such source there is nothing to pay."""
+        if not any(isinstance(src, Autoregressive) for src in self.sources.values()):
+            return
+        self.prefill(prompt[: min(CALIBRATION_SIZES[-1] + 1, self.target.n_ctx - 1)])
         self.reset()
 
     def reset(self) -> None:

@@ -175,6 +175,7 @@ class Model:
         self.layer_readers: dict[int, set[int]] = {}  # layer -> id() of each head reading it
         # seconds of what was timed on it in this process, by what (a draft step): shared by
         # every sequence and every engine that drafts from it, so only the first pays to time it
+        # (a dict, filled in place: a Sequence forwards the read, so its writes reach this one)
         self.timed: dict[str, float] = {}
         log.mark()
         mp, self._keep = _model_params(opts)
