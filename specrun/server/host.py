@@ -453,9 +453,11 @@ class Host:
         limit = len(tokens) - 1  # the last token is evaluated by the first round
         with self.cond:  # no job is handed to the idle slots meanwhile (this slot is not idle)
             idle = [o for o in self.slots if o.job is None]
+            if not idle:
+                return
             for view in ("target", "draft"):
                 mine: Sequence | None = getattr(slot, view)
-                if mine is None or not idle:
+                if mine is None:
                     continue
                 held = [(common_prefix(getattr(o, view).tokens, tokens, limit=limit), getattr(o, view)) for o in idle]
                 n, source = max(held, key=lambda h: h[0])
