@@ -29,10 +29,11 @@ and the order turns round run by run (A B C, B C A, ...). Every request streams,
 
 Per session and setup, medians over the runs: wall time (first request sent to last chunk of
 the last reply), completion tokens (the server's ``usage``), session throughput (tokens / wall)
-and each request's time to first token; then specrun's throughput over the best llama-server
-setup's. Where ``specrun`` and ``specrun-none`` both ran, their texts are compared request by
-request (greedy: they should be equal); a difference is reported, not fatal. ``--json`` prints
-every record and the comparison as one JSON document on stdout (progress goes to stderr).
+and, per request, the time to its first token and its tokens a second after that (its decoding
+alone); then specrun's throughput over the best llama-server setup's. Where ``specrun`` and
+``specrun-none`` both ran, their texts are compared request by request (greedy: they should be
+equal); a difference is reported, not fatal. ``--json`` prints every record and the comparison
+as one JSON document on stdout (progress goes to stderr).
 Only 127.0.0.1 is ever contacted.
 """
 
@@ -63,11 +64,20 @@ class Request:
     """One request of a session as the server answered it."""
 
     ttft_ms: float
+    wall_ms: float  # sent to the last chunk
     tokens: int  # usage.completion_tokens
     prompt_tokens: int
     cached_tokens: int | None
     finish_reason: str | None
     text: str  # the reply's content, then its tool calls as JSON lines
+    drafted: int | None = None  # the server's timings.draft_n and draft_n_accepted (None: not sent)
+    accepted: int | None = None
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens a second after the first: the reply's decoding alone, without its prompt's."""
+        after = (self.wall_ms - self.ttft_ms) / 1e3
+        return (self.tokens - 1) / after if after > 0 and self.tokens > 1 else 0.0
 
 
 @dataclass
@@ -97,11 +107,13 @@ def ask(client, model: str, messages: list[dict], tools: list[dict] | None, n: i
     calls: dict[int, dict] = {}
     usage = None
     finish = None
+    spec: dict = {}
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
                                             stream_options={"include_usage": True}, **extra)  # fmt: skip
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
+        spec = (chunk.model_extra or {}).get("timings") or spec  # both servers send llama-server's timings
         if not chunk.choices:
             continue
         choice = chunk.choices[0]
@@ -131,11 +143,14 @@ def ask(client, model: str, messages: list[dict], tools: list[dict] | None, n: i
     shown = text + "".join("\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) for c in ordered)
     request = Request(
         ttft_ms=((first or time.monotonic()) - sent) * 1e3,
+        wall_ms=(time.monotonic() - sent) * 1e3,
         tokens=usage.completion_tokens,
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=details.cached_tokens if details is not None else None,
         finish_reason=finish,
         text=shown,
+        drafted=spec.get("draft_n"),
+        accepted=spec.get("draft_n_accepted"),
     )
     return request, message
 
@@ -253,7 +268,7 @@ def med(values: list[float]) -> float:
 
 
 def table(played: list[Played], setups: list[str], sessions: list[str]) -> str:
-    lines = [f"{'session':11} {'setup':13} {'wall s':>8} {'tokens':>7} {'tok/s':>7}  TTFT ms per request"]
+    lines = [f"{'session':11} {'setup':13} {'wall s':>8} {'tokens':>7} {'tok/s':>7}  TTFT ms | tok/s after it, per request"]
     for name in sessions:
         speed: dict[str, float] = {}
         for setup in setups:
@@ -263,8 +278,9 @@ def table(played: list[Played], setups: list[str], sessions: list[str]) -> str:
             speed[setup] = med([p.throughput for p in mine])
             longest = max(len(p.requests) for p in mine)
             ttfts = [med([p.requests[i].ttft_ms for p in mine if i < len(p.requests)]) for i in range(longest)]
+            rates = [med([r.decode_rate for p in mine if i < len(p.requests) for r in [p.requests[i]]]) for i in range(longest)]
             lines.append(f"{name:11} {setup:13} {med([p.wall_s for p in mine]):>8.1f} {med([p.tokens for p in mine]):>7.0f} "
-                         f"{speed[setup]:>7.2f}  {' '.join(f'{t:.0f}' for t in ttfts)}")  # fmt: skip
+                         f"{speed[setup]:>7.2f}  {' '.join(f'{t:.0f}' for t in ttfts)} | {' '.join(f'{r:.1f}' for r in rates)}")  # fmt: skip
         best = max(LLAMA_SERVER, key=lambda s: speed.get(s, -1.0))
         if "specrun" in speed and best in speed and speed[best] > 0:
             lines.append(f"{name}: specrun / llama-server's best ({best}): {speed['specrun'] / speed[best]:.2f}x")
