@@ -11,8 +11,10 @@ import pytest
 
 from specrun.decode.costs import CostModel
 from specrun.decode.engine import Engine, Settings
+from specrun.decode.round import History, Proposal, Round
 from specrun.decode.sampling import Sampler
-from specrun.decode.sources.suffix import BYTES_PER_TOKEN, SuffixIndex
+from specrun.decode.sources.suffix import BYTES_PER_TOKEN, MATCH_CAP, N, SuffixIndex, SuffixSource
+from specrun.decode.stats import RoundStats
 from specrun.errors import InputError
 from specrun.llama import LoadOptions, Model
 from specrun.server import corpus
@@ -25,10 +27,11 @@ def test_the_continuation_is_what_most_places_went_on_with_and_says_how_many():
     index = SuffixIndex()
     for rest in ([7, 8, 9], [7, 8, 5], [7, 6, 1]):
         index.add([1, 2, 3, 4, *rest])
-    out, counts = index.continuation([0, 1, 2, 3, 4], 5)
+    out, counts, match = index.continuation([0, 1, 2, 3, 4], 5)
     assert out == [7, 8, 5] and counts == [(3, 3), (2, 3), (1, 2)]  # (a tie between 9 and 5: the smaller id)
-    assert index.continuation([1, 2, 3], 5) == ([], [])  # shorter than N
-    assert index.continuation([9, 9, 9, 9], 5) == ([], [])  # never seen
+    assert match == 4  # the places' 1 2 3 4, preceded by nothing
+    assert index.continuation([1, 2, 3], 5) == ([], [], 0)  # shorter than N
+    assert index.continuation([9, 9, 9, 9], 5) == ([], [], 0)  # never seen
 
 
 def test_the_places_matching_furthest_back_are_the_evidence():
@@ -36,8 +39,8 @@ def test_the_places_matching_furthest_back_are_the_evidence():
     index.add([20, 21, 1, 2, 3, 4, 50, 51])
     index.add([30, 31, 1, 2, 3, 4, 60, 61])
     index.add([30, 31, 1, 2, 3, 4, 60, 62])
-    assert index.continuation([20, 21, 1, 2, 3, 4], 2) == ([50, 51], [(1, 1), (1, 1)])
-    assert index.continuation([31, 1, 2, 3, 4], 2) == ([60, 61], [(2, 2), (1, 2)])
+    assert index.continuation([20, 21, 1, 2, 3, 4], 2) == ([50, 51], [(1, 1), (1, 1)], 6)
+    assert index.continuation([31, 1, 2, 3, 4], 2) == ([60, 61], [(2, 2), (1, 2)], 5)
 
 
 def test_a_replys_context_is_matched_never_offered():
@@ -45,8 +48,8 @@ def test_a_replys_context_is_matched_never_offered():
     offered the reply from its first token; the prompt's own tokens are never offered."""
     index = SuffixIndex()
     index.add([1, 2, 3, 4, 5, 6, 7, 8, 9], start=6)  # prompt ... 1 2 3 4 5 6, then the reply 7 8 9
-    assert index.continuation([0, 3, 4, 5, 6], 5) == ([7, 8, 9], [(1, 1), (1, 1), (1, 1)])
-    assert index.continuation([0, 1, 2, 3, 4], 5) == ([], [])  # 5 6 follow there, but in the prompt
+    assert index.continuation([0, 3, 4, 5, 6], 5) == ([7, 8, 9], [(1, 1), (1, 1), (1, 1)], 4)
+    assert index.continuation([0, 1, 2, 3, 4], 5) == ([], [], 0)  # 5 6 follow there, but in the prompt
 
 
 def test_a_removed_text_leaves_no_place_behind():
@@ -54,7 +57,7 @@ def test_a_removed_text_leaves_no_place_behind():
     first = index.add([1, 2, 3, 4, 5, 6])
     index.add([1, 2, 3, 4, 7, 8])
     index.remove(first)
-    assert index.continuation([1, 2, 3, 4], 3) == ([7, 8], [(1, 1), (1, 1)])
+    assert index.continuation([1, 2, 3, 4], 3) == ([7, 8], [(1, 1), (1, 1)], 4)
     assert index.tokens == 6 and index.bytes == 6 * BYTES_PER_TOKEN
     index.remove(first)  # (again: nothing)
     assert all(p >> 32 != first for places in index.places.values() for p in places)
@@ -95,6 +98,36 @@ def test_tenants_never_see_each_others_replies_and_the_oldest_go_first():
     store.add(a, [5, 6, 7, 8, 9], prompt=list(range(100, 130)))  # kept after the prompt's last 16 tokens
     assert store.index(a).continuation([1, *range(114, 130)], 3)[0] == [5, 6, 7]
     assert store.order[-1][2] == (16 + 5) * BYTES_PER_TOKEN
+
+
+def test_an_offer_after_a_long_agreeing_context_is_trusted_as_far_as_such_offers_went_on():
+    """An earlier reply found again after dozens of agreeing tokens (an agent asking for code a
+    reply already wrote) goes on far more often than one found by a chance four-token match:
+    the source learns its rate by the context's length, and states each offer's by its own."""
+    earlier = list(range(100, 200))
+    index = SuffixIndex()
+    index.add(earlier)
+    src = SuffixSource(History(index))
+    src.begin([], lambda: True)
+    long_tail, short_tail = earlier[:60], [7, 8, *earlier[20:24]]  # matched 32 (MATCH_CAP) back, and 4
+    rs = RoundStats("none", 0, 0, 1, 0.0, 0.0, 0.0)
+    for _ in range(12):  # what the target wrote: the earlier reply after the long context, else not
+        assert src.prepare(long_tail, 8, 100) == 8 and src.match == MATCH_CAP
+        src.observe(Round("none", Proposal(), 0, earlier[60:68], False, rs))
+        assert src.prepare(short_tail, 8, 100) == 8 and src.match == N
+        src.observe(Round("none", Proposal(), 0, [999], False, rs))
+    src.prepare(long_tail, 8, 100)
+    after_long = src.acceptance(8, None)
+    src.prepare(short_tail, 8, 100)
+    after_short = src.acceptance(8, None)
+    assert min(after_long) > 0.85 and after_short[0] < 0.5, (after_long, after_short)
+    again = SuffixSource(History(index))  # what a later run starts from: the same lesson
+    again.load(src.to_json())
+    again.begin([], lambda: True)
+    again.prepare(short_tail, 8, 100)
+    short_again = again.acceptance(1, None)[0]
+    again.prepare(long_tail, 8, 100)
+    assert again.acceptance(1, None)[0] > short_again + 0.3
 
 
 # --- in the engine -------------------------------------------------------------------------------

@@ -155,9 +155,9 @@ class Prediction:
 class Continuations(Protocol):
     """What earlier texts went on with after a sequence's tail (an index of earlier replies)."""
 
-    def continuation(self, tail: Sequence[int], most: int) -> tuple[list[int], list[tuple[int, int]]]:
+    def continuation(self, tail: Sequence[int], most: int) -> tuple[list[int], list[tuple[int, int]], int]:
         """Up to ``most`` tokens, and for each: how many of the places seen went on with it, of
-        how many that reached it."""
+        how many that reached it; and how far back those places match the tail (0: none)."""
         ...
 
 

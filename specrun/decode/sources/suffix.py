@@ -12,10 +12,15 @@ with (SuffixDecoding, Oliaro et al. 2024, with an n-gram index for the suffix tr
 
 Its acceptance is stated from those counts: of the ``c`` places that reached position j, ``h``
 went on with the token offered there, so ``a_j`` is the mean of a Beta posterior with ``h`` hits
-in ``c`` trials, whose prior is how often this source's offers have gone on lately (a ``Rate``
-learned every round from the offer on the table, drafted or not, as the n-gram source learns
-its copies). A continuation seen once leans on that record; one seen forty times in forty
-places speaks for itself. The chooser weighs it like any other source.
+in ``c`` trials. Its prior is how often this source's offers have gone on lately *after a
+context as long*: the places' context matched the tail ``m`` tokens back, so position j follows
+``m + j - 1`` tokens that agree, and the rate is learned by that length, in the n-gram source's
+copy-length bins (a ``RateTable``, learned every round from the offer on the table, drafted or
+not, as the n-gram source learns its copies). An agent's request that asks again for code an
+earlier reply wrote finds that reply's place after dozens of agreeing tokens, where a chance
+match of four goes on far less often; one rate for both would draft neither at length. A
+continuation seen once leans on that record; one seen forty times in forty places speaks for
+itself. The chooser weighs it like any other source.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ import numpy as np
 
 from specrun.decode.round import Continuations, History, Proposal, Round
 from specrun.decode.sampling import Dist
-from specrun.decode.sources.base import PRIOR_WEIGHT, Rate
-from specrun.decode.sources.ngram import MIN_MATCH, OCCURRENCES
+from specrun.decode.sources.base import PRIOR_WEIGHT, RateTable
+from specrun.decode.sources.ngram import COPY_BINS, MIN_MATCH, OCCURRENCES, copy_bin
 
 N = MIN_MATCH  # tail tokens looked up: fewer may match by chance (ngram.py, with OCCURRENCES)
 MATCH_CAP = 32  # how far back a place's context is compared with the tail's: the places that match
@@ -102,16 +107,17 @@ class SuffixIndex:
                 else:
                     del self.places[key]
 
-    def continuation(self, tail: Sequence[int], most: int) -> tuple[list[int], list[tuple[int, int]]]:
+    def continuation(self, tail: Sequence[int], most: int) -> tuple[list[int], list[tuple[int, int]], int]:
         """What the places matching ``tail`` furthest back went on with, up to ``most`` tokens:
-        each token the one most of them wrote next, with (how many wrote it, how many reached it)."""
+        each token the one most of them wrote next, with (how many wrote it, how many reached it);
+        and how far back those places match the tail (N to MATCH_CAP; 0: no place)."""
         places: list[tuple[array, int]]
         if len(tail) < N or most <= 0:
-            return [], []
+            return [], [], 0
         with self._lock:
             seen = self.places.get(_key(tail[-N:]))
             if not seen:
-                return [], []
+                return [], [], 0
             best, places = 0, []  # the longest match back, and the places that have it
             for p in seen:
                 text, at = self.texts[p >> 32], p & 0xFFFFFFFF
@@ -132,7 +138,7 @@ class SuffixIndex:
                 out.append(token)
                 counts.append((hits, len(places)))
                 places = [(text, at + 1) for text, at in places if at < len(text) and text[at] == token]
-            return out, counts
+            return out, counts, best
 
 
 class SuffixSource:
@@ -148,17 +154,19 @@ class SuffixSource:
         self.index: Continuations | None = None
         self.offer: list[int] = []
         self.counts: list[tuple[int, int]] = []
-        self.rate = Rate()  # how often an offered token has gone on (decayed): the prior of the counts
+        self.match = 0  # how far back the offer's places matched the tail
+        self.rates = RateTable(len(COPY_BINS))  # how often an offered token has gone on (decayed), by
+        # the length of the context that agreed before it: the prior of the counts
 
     def looked_up(self) -> Continuations | None:
         """Where this source looks (read at each ``begin``): the tenant's earlier replies."""
         return self.history.index
 
     def begin(self, prompt: list[int], may_draft: Callable[[], bool]) -> None:
-        self.index, self.offer, self.counts = self.looked_up(), [], []
+        self.index, self.offer, self.counts, self.match = self.looked_up(), [], [], 0
 
     def prepare(self, tokens: list[int], room: int, left: int) -> int:
-        self.offer, self.counts = self.index.continuation(tokens, room) if self.index is not None else ([], [])
+        self.offer, self.counts, self.match = self.index.continuation(tokens, room) if self.index is not None else ([], [], 0)
         end = next((i + 1 for i, t in enumerate(self.offer) if self.ends_turn(t)), len(self.offer))
         self.offer, self.counts = self.offer[:end], self.counts[:end]
         return len(self.offer)
@@ -166,8 +174,8 @@ class SuffixSource:
     def acceptance(self, k: int, rng: np.random.Generator | None) -> list[float]:
         """The means, never a draw: every round scores the offer, drafted or not (as the n-gram
         source's copies)."""
-        prior = self.rate.mean(0.5)
-        return [(h + PRIOR_WEIGHT * prior) / (c + PRIOR_WEIGHT) for h, c in self.counts[:k]]
+        rates = self.rates.means()
+        return [(h + PRIOR_WEIGHT * rates[copy_bin(self.match + j)]) / (c + PRIOR_WEIGHT) for j, (h, c) in enumerate(self.counts[:k])]
 
     def cost(self, k: int | np.ndarray) -> float:
         return 0.0
@@ -184,9 +192,9 @@ class SuffixSource:
 
     def observe(self, outcome: Round) -> None:
         """Score the offer (used or not) against what was written, up to its first miss."""
-        self.rate.decay()
-        for x, y in zip(self.offer, outcome.emitted):
-            self.rate.add(x == y)
+        self.rates.decay()
+        for j, (x, y) in enumerate(zip(self.offer, outcome.emitted)):
+            self.rates.bins[copy_bin(self.match + j)].add(x == y)
             if x != y:
                 break
 
@@ -194,12 +202,13 @@ class SuffixSource:
         pass
 
     def to_json(self) -> dict:
-        return {"hits": round(self.rate.hits, 3), "n": round(self.rate.n, 3)}
+        return {"bins": list(COPY_BINS), **self.rates.to_json()}
 
     def load(self, d: dict) -> None:
-        hits, n = d.get("hits"), d.get("n")
-        if isinstance(hits, (int, float)) and isinstance(n, (int, float)) and 0 <= hits <= n:
-            self.rate = Rate.stored(hits, n)
+        """Stored rates by context length, as a prior (an older store's one rate, or other bins:
+        left out)."""
+        if isinstance(d, dict) and list(d.get("bins", ())) == list(COPY_BINS):
+            self.rates.load(d)
 
 
 class CorpusSource(SuffixSource):
