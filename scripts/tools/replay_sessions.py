@@ -278,7 +278,7 @@ def table(played: list[Played], setups: list[str], sessions: list[str]) -> str:
             speed[setup] = med([p.throughput for p in mine])
             longest = max(len(p.requests) for p in mine)
             ttfts = [med([p.requests[i].ttft_ms for p in mine if i < len(p.requests)]) for i in range(longest)]
-            rates = [med([r.decode_rate for p in mine if i < len(p.requests) for r in [p.requests[i]]]) for i in range(longest)]
+            rates = [med([p.requests[i].decode_rate for p in mine if i < len(p.requests)]) for i in range(longest)]
             lines.append(f"{name:11} {setup:13} {med([p.wall_s for p in mine]):>8.1f} {med([p.tokens for p in mine]):>7.0f} "
                          f"{speed[setup]:>7.2f}  {' '.join(f'{t:.0f}' for t in ttfts)} | {' '.join(f'{r:.1f}' for r in rates)}")  # fmt: skip
         best = max(LLAMA_SERVER, key=lambda s: speed.get(s, -1.0))

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from specrun.llama import Model
 
 CONF_BINS = 10  # the draft's confidence, in bins of 0.1
+STEP = "draft step"  # the key a draft step's time is kept under on its model (``Model.timed``)
 
 
 def conf_bin(conf: float) -> int:
@@ -303,19 +304,21 @@ class ModelSource(Autoregressive):
         deep in a long prompt costs a little more than there). Once, not once a source: a
         server's every slot and every request's settings draft from the same model, and a
         request that waits for its own timing waits half a second for nothing (the model
-        keeps the time). Then, where the draft model is
-        expected to pay (``may_draft``), prefill its cache as the target's, so that its first
-        draft need not catch up the whole prompt. Elsewhere (a compute-bound target, where it
-        seldom drafts) the prompt does not wait for it: a round that drafts from it catches its
-        cache up then, at a price the chooser weighs (``cost``)."""
+        keeps the time). Then, where the draft model is expected to pay (``may_draft``),
+        prefill its cache as the target's, so that its first draft need not catch up the whole
+        prompt. Elsewhere (a compute-bound target, where it seldom drafts) the prompt does not
+        wait for it: a round that drafts from it catches its cache up then, at a price the
+        chooser weighs (``cost``)."""
         self.lag = 0  # the last prompt's lag is no cost of this one (``prepare`` measures this one's)
         self.since_catch_up = 0  # a stretch starts with the prompt (a reply's end cut the last one short)
-        if not self.timed and "draft step" not in self.model.timed and len(prompt) < self.model.n_ctx:
-            self._fill(prompt[: CALIBRATION_SIZES[-1] + 1])
-            self.model.timed["draft step"] = self.measure_token_cost(prompt[-1])
-        if not self.timed and "draft step" in self.model.timed:
-            self.retime(self.model.timed["draft step"])
-            self.timed = True
+        if not self.timed:
+            step = self.model.timed.get(STEP)
+            if step is None and len(prompt) < self.model.n_ctx:
+                self._fill(prompt[: CALIBRATION_SIZES[-1] + 1])
+                step = self.model.timed[STEP] = self.measure_token_cost(prompt[-1])
+            if step is not None:
+                self.retime(step)
+                self.timed = True
         if may_draft():
             self._fill(prompt)
 
